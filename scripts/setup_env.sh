@@ -15,13 +15,16 @@ PIP=("$VENV/bin/python" -m pip install -q)
 # SGLang pins torch 2.14.1 (a CUDA build, ~5.5 GB). On CPU the 2.13.0 CPU build is enough
 # (~190 MB) and SGLang is installed --no-deps, with the runtime deps its CPU path imports.
 "${PIP[@]}" "torch==2.13.0" "triton==3.9.0"
-"${PIP[@]}" --no-deps "torchvision==0.28.0" "sglang==0.5.23"
+"${PIP[@]}" --no-deps "sglang==0.5.23" "torchvision==0.28.0"
 "${PIP[@]}" "torch==2.13.0" \
   "transformers==5.19.0" "tokenizers==0.23.2" fastapi "uvicorn>=0.51" uvloop "pyzmq>=25.1.2" \
   orjson requests aiohttp psutil setproctitle pydantic "prometheus-client>=0.20.0" pybase64 \
   python-multipart partial_json_parser msgspec numpy pillow einops IPython \
   "apache-tvm-ffi==0.1.11" dill "sentencepiece==0.2.1" "compressed-tensors==0.18.0" "gguf==0.19.0" \
   "openai==2.8.0" jsonschema "xgrammar==0.2.7" "soundfile==0.13.1" "python-dateutil<3" datasets \
-  pytest "hypothesis>=6.100" pytest-timeout tqdm matplotlib
+  accelerate pytest "hypothesis>=6.100" pytest-timeout tqdm matplotlib
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+# PyPI's torchvision needs its op schemas defined to import beside the CPU torch (SGLang imports it).
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "import sglang_minima._cpu.torchvision_compat as m; m.install_hook()" > "$SITE/sglang_minima_cpu.pth"
 touch "$STAMP"

@@ -1,0 +1,169 @@
+"""MinimaConfig: the one validated object built from ``--minima-*`` flags (or the environment).
+
+The launcher parses the flags, validates them here, and hands the result to every SGLang
+subprocess as JSON in ``SGLANG_MINIMA_CONFIG`` (spawned schedulers inherit the environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
+
+CONFIG_ENV = "SGLANG_MINIMA_CONFIG"
+FLAG_PREFIX = "--minima-"
+
+HOT_DTYPES = ("fp8_e4m3", "auto")
+
+
+@dataclass(frozen=True)
+class MinimaConfig:
+    """Minima-KV settings. Each field is the flag ``--minima-<field-with-dashes>``."""
+
+    recent_pages: int = 4
+    """Last pages of each request kept FP8 (Recent tier)."""
+    sink_pages: int = 1
+    """First pages of each sequence kept FP8 (Anchor tier, attention sinks)."""
+    anchor_pages: int = 0
+    """Extra Anchor budget per request, filled by score (age, structure, attention score)."""
+    fp8_page_fraction: float = 0.25
+    """Fraction of the logical pages that can be backed by FP8 pages; the rest are TQ3 pages."""
+    hot_dtype: str = "fp8_e4m3"
+    """Storage of Recent/Anchor pages: fp8_e4m3, or auto (the model dtype: SGLang's own path)."""
+    disable_stale: bool = False
+    """Never convert pages to TQ3 (every page stays in the hot format)."""
+    retier_batch_pages: int = 64
+    """Most pages converted (or promoted) in one batched conversion between steps."""
+    attention_score_anchors: bool = False
+    """Fill the Anchor budget by the attention score (EWMA of page attention mass)."""
+    score_ewma: float = 0.9
+    """EWMA decay of the per-page attention score."""
+    rotation_seed: int = 0
+    """Seed of the randomized Hadamard rotations (one per layer and KV head)."""
+
+    def __post_init__(self) -> None:
+        for name in ("recent_pages", "sink_pages", "anchor_pages", "rotation_seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{flag_name(name)} must be >= 0, got {getattr(self, name)}")
+        if self.recent_pages < 1:
+            raise ValueError(
+                f"{flag_name('recent_pages')} must be >= 1 (the page being written is Recent), "
+                f"got {self.recent_pages}"
+            )
+        if self.retier_batch_pages < 1:
+            raise ValueError(f"{flag_name('retier_batch_pages')} must be >= 1, got {self.retier_batch_pages}")
+        if not 0.0 < self.fp8_page_fraction <= 1.0:
+            raise ValueError(
+                f"{flag_name('fp8_page_fraction')} must be in (0, 1], got {self.fp8_page_fraction}"
+            )
+        if self.hot_dtype not in HOT_DTYPES:
+            raise ValueError(f"{flag_name('hot_dtype')} must be one of {HOT_DTYPES}, got {self.hot_dtype!r}")
+        if not 0.0 <= self.score_ewma < 1.0:
+            raise ValueError(f"{flag_name('score_ewma')} must be in [0, 1), got {self.score_ewma}")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "MinimaConfig":
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{CONFIG_ENV} has unknown keys {unknown}")
+        return cls(**data)
+
+
+def flag_name(field_name: str) -> str:
+    return FLAG_PREFIX + field_name.replace("_", "-")
+
+
+def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--minima-*`` flag per MinimaConfig field (ServerArgs style)."""
+    group = parser.add_argument_group("Minima-KV")
+    for f in fields(MinimaConfig):
+        dest = "minima_" + f.name
+        doc = _field_doc(f.name)
+        if f.type in (bool, "bool"):
+            group.add_argument(flag_name(f.name), dest=dest, action="store_true", help=doc)
+        else:
+            py_type = {"int": int, "float": float, "str": str}[str(f.type)]
+            choices = HOT_DTYPES if f.name == "hot_dtype" else None
+            group.add_argument(
+                flag_name(f.name), dest=dest, type=py_type, default=f.default, choices=choices,
+                help=f"{doc} (default: {f.default})",
+            )
+
+
+def config_from_namespace(ns: argparse.Namespace) -> MinimaConfig:
+    return MinimaConfig(**{f.name: getattr(ns, "minima_" + f.name) for f in fields(MinimaConfig)})
+
+
+def split_minima_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split argv into (minima flags with their values, everything else for SGLang)."""
+    minima_args: list[str] = []
+    rest: list[str] = []
+    take_value = False
+    for arg in argv:
+        if take_value:
+            minima_args.append(arg)
+            take_value = False
+        elif arg.startswith(FLAG_PREFIX):
+            minima_args.append(arg)
+            name = arg.split("=", 1)[0][len(FLAG_PREFIX):].replace("-", "_")
+            is_bool = any(f.name == name and f.type in (bool, "bool") for f in fields(MinimaConfig))
+            take_value = "=" not in arg and not is_bool
+        else:
+            rest.append(arg)
+    return minima_args, rest
+
+
+def parse_minima_argv(minima_args: Sequence[str]) -> MinimaConfig:
+    """Parse ``--minima-*`` flags; an unknown or bad flag raises SystemExit with argparse's message."""
+    parser = argparse.ArgumentParser(prog="sglang_minima.launch_server", add_help=False, allow_abbrev=False)
+    add_minima_cli_args(parser)
+    ns = parser.parse_args(list(minima_args))
+    try:
+        return config_from_namespace(ns)
+    except ValueError as e:
+        parser.error(str(e))
+        raise  # unreachable: parser.error exits
+
+
+def _field_doc(name: str) -> str:
+    return _FIELD_DOCS.get(name, name.replace("_", " "))
+
+
+def _collect_field_docs() -> dict[str, str]:
+    """Field docstrings (the string literal under each field) for --help."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(MinimaConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = str(node.value.value)  # type: ignore[union-attr]
+    return docs
+
+
+_FIELD_DOCS = _collect_field_docs()
+
+
+def set_active_config(config: MinimaConfig) -> None:
+    """Select Minima for this process and its children."""
+    os.environ[CONFIG_ENV] = config.to_json()
+
+
+def get_active_config() -> MinimaConfig | None:
+    """The config selected for this process, or None when Minima is not selected."""
+    text = os.environ.get(CONFIG_ENV)
+    return MinimaConfig.from_json(text) if text else None
+
+
+def config_summary(config: MinimaConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -1,0 +1,146 @@
+"""``python -m sglang_minima.launch_server``: SGLang's launcher with Minima-KV selected.
+
+Every SGLang flag works as with ``python -m sglang.launch_server``; ``--minima-*`` flags are split
+off, validated into one MinimaConfig and carried to the scheduler process in the environment.
+Unless the user chose otherwise, Minima's attention and radix-cache backends are selected; with
+``--device cpu`` (or no CUDA) SGLang's CPU engine is set up; with no ``--model-path`` the embedded
+default model (SmolLM2-135M-Instruct) is served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Sequence
+
+from sglang_minima.config import MinimaConfig, parse_minima_argv, set_active_config, split_minima_argv
+
+logger = logging.getLogger("sglang_minima.launch_server")
+
+CPU_DEFAULT_MAX_TOTAL_TOKENS = 32768
+DEFAULT_PAGE_SIZE = 64
+
+
+class LaunchError(SystemExit):
+    """A bad flag or combination: one message naming the flag, exit status 2, nothing started."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config, sglang_argv = prepare(argv)
+        server_args = build_server_args(sglang_argv, config)
+    except LaunchError as e:
+        print(f"sglang_minima.launch_server: error: {e.message}", file=sys.stderr)
+        raise
+    from sglang.launch_server import run_server
+    from sglang.srt.utils import kill_process_tree
+
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
+    """Everything before SGLang is imported: flags, CPU engine setup, default model."""
+    minima_argv, sglang_argv = split_minima_argv(argv)
+    config = parse_minima_argv(minima_argv)  # argparse exits 2 naming the bad flag
+    if _flag_value(sglang_argv, "--device") is None and not _cuda_available():
+        sglang_argv += ["--device", "cpu"]
+    on_cpu = _flag_value(sglang_argv, "--device") == "cpu"
+    if on_cpu:
+        from sglang_minima.cpu_engine import setup_cpu_engine
+
+        setup_cpu_engine()
+    if _flag_value(sglang_argv, "--model-path", "--model") is None:
+        from sglang_minima.models import ensure_default_model
+
+        sglang_argv += ["--model-path", str(ensure_default_model())]
+    sglang_argv += _default_flags(sglang_argv, on_cpu)
+    set_active_config(config)
+    return config, sglang_argv
+
+
+def build_server_args(sglang_argv: list[str], config: MinimaConfig):
+    """Register the plugin in this process, parse SGLang's flags, reject unsupported combinations."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_minima.plugin import register
+
+    register()  # direct call: a broken plugin fails loudly here (load_plugins only logs)
+    load_plugins()
+    server_args = prepare_server_args(sglang_argv)
+    check_supported(server_args)
+    return server_args
+
+
+# SGLang features that assume one uniform KV format per pool (see docs/ARCHITECTURE.md).
+_UNSUPPORTED = (
+    ("speculative_algorithm", "--speculative-algorithm", "speculative decoding"),
+    ("enable_hierarchical_cache", "--enable-hierarchical-cache", "HiCache"),
+    ("enable_lmcache", "--enable-lmcache", "LMCache"),
+    ("enable_flexkv", "--enable-flexkv", "FlexKV"),
+    ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker", "the external cache linker"),
+    ("enable_kv_cache_sharding", "--enable-kv-cache-sharding", "KV-cache sharding"),
+    ("disable_radix_cache", "--disable-radix-cache", "disabling the radix cache (Minima is a radix-cache backend)"),
+)
+
+
+def check_supported(server_args) -> None:
+    for attr, flag, what in _UNSUPPORTED:
+        if getattr(server_args, attr, None):
+            raise LaunchError(f"{flag}: {what} is not supported with Minima-KV")
+    if (getattr(server_args, "disaggregation_mode", "null") or "null") != "null":
+        raise LaunchError("--disaggregation-mode: PD disaggregation is not supported with Minima-KV")
+    if (getattr(server_args, "dcp_size", 1) or 1) > 1:
+        raise LaunchError("--dcp-size: decode context parallelism is not supported with Minima-KV")
+    if server_args.radix_cache_backend != "minima":
+        raise LaunchError(
+            f"--radix-cache-backend: sglang_minima.launch_server serves Minima-KV, which needs "
+            f"'minima', got {server_args.radix_cache_backend!r}"
+        )
+    if server_args.page_size is not None and server_args.page_size < 2:
+        raise LaunchError(f"--page-size: Minima-KV tiers whole pages; use a page size >= 2, got {server_args.page_size}")
+
+
+def _default_flags(argv: list[str], on_cpu: bool) -> list[str]:
+    defaults: list[tuple[tuple[str, ...], list[str]]] = [
+        (("--attention-backend",), ["--attention-backend", "minima_native" if on_cpu else "minima"]),
+        (("--radix-cache-backend",), ["--radix-cache-backend", "minima"]),
+        (("--page-size",), ["--page-size", str(DEFAULT_PAGE_SIZE)]),
+    ]
+    if on_cpu:
+        defaults += [
+            (("--max-total-tokens",), ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]),
+            (("--cuda-graph-backend-decode",), ["--cuda-graph-backend-decode", "disabled"]),
+            (("--cuda-graph-backend-prefill",), ["--cuda-graph-backend-prefill", "disabled"]),
+        ]
+    return [arg for names, flag in defaults if _flag_value(argv, *names) is None for arg in flag]
+
+
+def _flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The value given for any of ``names`` (``--x v`` or ``--x=v``), or None if absent."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name:
+                return argv[i + 1] if i + 1 < len(argv) else ""
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+import pytest
+
+from minima_test_support.server import launch
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory):
+    """The README's serve path: the default model, Minima selected by the launcher's defaults."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    server = launch(["--enable-metrics", "--max-running-requests", "16"], log)
+    print(f"\n[e2e] default server up in {server.startup_s:.1f}s on {server.url}")
+    yield server
+    server.stop()

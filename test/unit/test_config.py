@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sglang_minima.config import (
+    CONFIG_ENV,
+    MinimaConfig,
+    get_active_config,
+    parse_minima_argv,
+    set_active_config,
+    split_minima_argv,
+)
+
+
+def test_split_keeps_sglang_flags_in_order():
+    minima, rest = split_minima_argv(
+        ["--port", "3000", "--minima-recent-pages", "3", "--minima-disable-stale",
+         "--minima-hot-dtype=auto", "--page-size", "16"])
+    assert minima == ["--minima-recent-pages", "3", "--minima-disable-stale", "--minima-hot-dtype=auto"]
+    assert rest == ["--port", "3000", "--page-size", "16"]
+
+
+def test_parse_builds_validated_config():
+    cfg = parse_minima_argv(["--minima-recent-pages", "3", "--minima-disable-stale",
+                             "--minima-fp8-page-fraction", "0.5"])
+    assert cfg == dataclasses.replace(MinimaConfig(), recent_pages=3, disable_stale=True, fp8_page_fraction=0.5)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--minima-recent-pagez", "1"], "--minima-recent-pagez"),
+    (["--minima-recent-pages", "0"], "--minima-recent-pages"),
+    (["--minima-sink-pages", "-2"], "--minima-sink-pages"),
+    (["--minima-fp8-page-fraction", "0"], "--minima-fp8-page-fraction"),
+    (["--minima-hot-dtype", "int8"], "--minima-hot-dtype"),
+    (["--minima-score-ewma", "1.0"], "--minima-score-ewma"),
+    (["--minima-retier-batch-pages", "x"], "--minima-retier-batch-pages"),
+])
+def test_bad_values_name_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_minima_argv(argv)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_config_round_trips_through_environment(monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    assert get_active_config() is None
+    cfg = MinimaConfig(recent_pages=7, attention_score_anchors=True)
+    set_active_config(cfg)
+    assert get_active_config() == cfg
+
+
+def test_unknown_environment_key_is_rejected(monkeypatch):
+    monkeypatch.setenv(CONFIG_ENV, '{"recent_pages": 2, "bogus": 1}')
+    with pytest.raises(ValueError, match="bogus"):
+        get_active_config()

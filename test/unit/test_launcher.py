@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_minima import launch_server
+from sglang_minima.config import CONFIG_ENV
+from sglang_minima.launch_server import LaunchError, check_supported
+
+
+def _args(**overrides):
+    base = dict(radix_cache_backend="minima", page_size=64, speculative_algorithm=None,
+                enable_hierarchical_cache=False, disaggregation_mode="null", dcp_size=1)
+    return SimpleNamespace(**{**base, **overrides})
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config_env(monkeypatch):
+    monkeypatch.setenv(CONFIG_ENV, "")  # prepare() selects Minima process-wide; restore afterwards
+
+
+def test_defaults_select_minima_on_cpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: False)
+    monkeypatch.setattr("sglang_minima.cpu_engine.setup_cpu_engine", lambda: None)
+    config, argv = launch_server.prepare(["--model-path", str(tmp_path), "--minima-recent-pages", "2"])
+    assert config.recent_pages == 2
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--device"] == "cpu"
+    assert flags["--attention-backend"] == "minima_native"
+    assert flags["--radix-cache-backend"] == "minima"
+    assert flags["--page-size"] == "64"
+    assert flags["--max-total-tokens"] == str(launch_server.CPU_DEFAULT_MAX_TOTAL_TOKENS)
+    assert not any(a.startswith("--minima-") for a in argv)
+
+
+def test_user_flags_win_over_defaults(monkeypatch, tmp_path):
+    monkeypatch.setattr("sglang_minima.cpu_engine.setup_cpu_engine", lambda: None)
+    _, argv = launch_server.prepare(["--device", "cpu", "--model-path", str(tmp_path),
+                                     "--page-size=16", "--max-total-tokens", "4096"])
+    assert argv.count("--page-size") == 0 and "--page-size=16" in argv
+    assert argv.count("--max-total-tokens") == 1
+
+
+@pytest.mark.parametrize("overrides, flag", [
+    ({"speculative_algorithm": "EAGLE"}, "--speculative-algorithm"),
+    ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
+    ({"disaggregation_mode": "prefill"}, "--disaggregation-mode"),
+    ({"dcp_size": 2}, "--dcp-size"),
+    ({"radix_cache_backend": None}, "--radix-cache-backend"),
+    ({"page_size": 1}, "--page-size"),
+])
+def test_unsupported_combinations_name_the_flag(overrides, flag):
+    with pytest.raises(LaunchError) as exc:
+        check_supported(_args(**overrides))
+    assert exc.value.message.startswith(flag)
+
+
+def test_supported_args_pass():
+    check_supported(_args())
