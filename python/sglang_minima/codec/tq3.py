@@ -1,0 +1,230 @@
+"""TQ3 encode/decode: the torch reference that GPU kernels must match bit for bit.
+
+Keys (rotated k', per token): norm n, codes against the Lloyd-Max thresholds of sqrt(d)·k'/n, and
+an fp16 norm correction s = n / ||centroids[c]||, so k̂' = s·centroids[c] has norm n.
+Values (rotated v', per token): fp16 zero = min, fp16 scale = (max - min)/7, uniform 3-bit codes.
+The exact arithmetic (order, rounding) is specified in docs/TQ3P.md; each step below is one IEEE
+fp32 operation so a kernel can replicate it. Decoded K/V stay in the rotated space: attention uses
+q' = R q and un-rotates its output once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .codebook import Codebook
+from .fp8 import Scale, fp8_dequantize
+from .layout import NUM_CODES, TQ3PageLayout
+from .packing import pack_codes, unpack_codes
+from .rotation import LayerRotation
+
+# Squared norms below the smallest normal fp32 are coded as zero (codes 0, scale 0): keeps sqrt(d)/n
+# finite and makes the result independent of a device's subnormal handling.
+_MIN_NORM_SQ = torch.finfo(torch.float32).tiny
+_FP16_MAX = torch.finfo(torch.float16).max
+_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
+
+
+def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 a / b on every device: for fp32 inputs, the float64 quotient rounded
+    once to fp32 is the IEEE fp32 quotient. (CUDA torch divides by a scalar via its reciprocal.)"""
+    return (a.to(torch.float64) / b.to(torch.float64)).to(torch.float32)
+
+
+def _sqrt(a: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 sqrt on every device, the same way (CUDA torch.sqrt on fp32 is not)."""
+    return torch.sqrt(a.to(torch.float64)).to(torch.float32)
+
+
+def sum_of_squares(x: torch.Tensor) -> torch.Tensor:
+    """fp32 sum of x_i^2 over the last dim in a fixed order: zero-pad to a power of two P, then
+    repeatedly s[i] = s[i] + s[i + P/2] until one element is left."""
+    s = x.to(torch.float32) * x.to(torch.float32)
+    d = s.shape[-1]
+    p = 1 << max(d - 1, 0).bit_length()
+    if p != d:
+        s = torch.nn.functional.pad(s, (0, p - d))
+    while p > 1:
+        p //= 2
+        s = s[..., :p] + s[..., p:]
+    return s.squeeze(-1)
+
+
+def _check_finite_fp16(x: torch.Tensor, what: str) -> None:
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"TQ3: {what} overflows fp16 (|value| > {_FP16_MAX}); input has values too large to code"
+        )
+
+
+def quantize_keys(k_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated keys [..., D] -> (codes uint8 [..., D], norm correction fp16 [...])."""
+    k = k_rot.to(torch.float32)
+    d = k.shape[-1]
+    thresholds = codebook.thresholds.to(k.device)
+    centroids = codebook.centroids.to(k.device)
+    norm_sq = sum_of_squares(k)
+    zero = norm_sq < _MIN_NORM_SQ
+    norm = _sqrt(norm_sq)
+    sqrt_d = torch.full_like(norm, float(torch.tensor(math.sqrt(d), dtype=torch.float32)))
+    ratio = torch.where(zero, torch.zeros_like(norm), _div(sqrt_d, norm))
+    u = (k * ratio.unsqueeze(-1)).contiguous()
+    # code = #{j : t_j < u}; bucketize(right=False) counts boundaries strictly below u.
+    codes = torch.bucketize(u, thresholds, right=False).to(torch.uint8)
+    codes = torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes)
+    code_norm = _sqrt(sum_of_squares(centroids[codes.long()]))
+    correction = torch.where(zero, torch.zeros_like(norm), _div(norm, code_norm)).to(torch.float16)
+    _check_finite_fp16(correction, "key norm correction")
+    return codes, correction
+
+
+def dequantize_keys(codes: torch.Tensor, correction: torch.Tensor, codebook: Codebook) -> torch.Tensor:
+    """(codes [..., D], fp16 [...]) -> rotated keys fp32 [..., D]: s·centroids[c]."""
+    _check_codes(codes, NUM_CODES)
+    centroids = codebook.centroids.to(codes.device)
+    return correction.to(torch.float32).unsqueeze(-1) * centroids[codes.long()]
+
+
+def quantize_values(v_rot: torch.Tensor, bits: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token min/max uniform codes of ``bits`` bits (3 for TQ3 values):
+    [..., D] -> (codes uint8 [..., D], scale fp16 [...], zero fp16 [...])."""
+    v = v_rot.to(torch.float32)
+    top = (1 << bits) - 1
+    lo, hi = v.amin(-1), v.amax(-1)
+    zero16 = lo.to(torch.float16)
+    scale16 = _div(hi - lo, torch.full_like(hi, float(top))).to(torch.float16)
+    _check_finite_fp16(zero16, "value zero point")
+    _check_finite_fp16(scale16, "value scale")
+    scale, zero = scale16.to(torch.float32).unsqueeze(-1), zero16.to(torch.float32).unsqueeze(-1)
+    q = torch.round(_div(v - zero, scale)).clamp(0, top)  # torch.round is round-half-to-even
+    codes = torch.where(scale == 0, torch.zeros_like(q), q).to(torch.uint8)
+    return codes, scale16, zero16
+
+
+def dequantize_values(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int = 3
+) -> torch.Tensor:
+    """scale·c + zero in fp32 (scale·c is exact: an fp16 times a 3-bit integer)."""
+    _check_codes(codes, 1 << bits)
+    return scale.to(torch.float32).unsqueeze(-1) * codes.to(torch.float32) + zero.to(torch.float32).unsqueeze(
+        -1
+    )
+
+
+def _check_codes(codes: torch.Tensor, levels: int) -> None:
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"TQ3 codes must be uint8, got dtype={codes.dtype}")
+    if codes.numel() and int(codes.max()) >= levels:
+        raise ValueError(f"TQ3 codes must be < {levels}, got max {int(codes.max())}")
+
+
+@dataclass(frozen=True)
+class TQ3PageFields:
+    """Views into TQ3P pages [N, page_bytes] (no copies), heads-major as in layout.py."""
+
+    k_codes: torch.Tensor  # uint8 [N, H, P, D*3/8]
+    v_codes: torch.Tensor  # uint8 [N, H, P, D*3/8]
+    k_norm: torch.Tensor  # fp16 [N, H, P]
+    v_scale: torch.Tensor  # fp16 [N, H, P]
+    v_zero: torch.Tensor  # fp16 [N, H, P]
+
+
+def page_fields(pages: torch.Tensor, layout: TQ3PageLayout) -> TQ3PageFields:
+    """Split TQ3P pages into their fields (views)."""
+    _check_pages(pages, layout)
+    n, h, p = pages.shape[0], layout.num_kv_heads, layout.page_size
+
+    def codes(off: int) -> torch.Tensor:
+        return pages[:, off : off + layout.code_bytes].view(n, h, p, layout.code_bytes_per_token)
+
+    def meta(off: int) -> torch.Tensor:
+        return pages[:, off : off + layout.meta_bytes].view(torch.float16).view(n, h, p)
+
+    return TQ3PageFields(
+        codes(layout.k_codes_offset),
+        codes(layout.v_codes_offset),
+        meta(layout.k_norm_offset),
+        meta(layout.v_scale_offset),
+        meta(layout.v_zero_offset),
+    )
+
+
+def _check_pages(pages: torch.Tensor, layout: TQ3PageLayout) -> None:
+    if pages.dtype != torch.uint8:
+        raise TypeError(f"TQ3 pages must be uint8, got dtype={pages.dtype}")
+    if pages.dim() != 2 or pages.shape[1] != layout.page_bytes:
+        raise ValueError(
+            f"TQ3 pages must have shape [num_pages, {layout.page_bytes}], got {tuple(pages.shape)}"
+        )
+
+
+def _as_float(x: torch.Tensor, scale: Scale, name: str, layout: TQ3PageLayout) -> torch.Tensor:
+    want = (layout.num_kv_heads, layout.page_size, layout.head_dim)
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"encode_pages: {name} must be bf16/fp16/fp32 or uint8 FP8, got dtype={x.dtype}")
+    if x.dim() != 4 or tuple(x.shape[1:]) != want:
+        raise ValueError(
+            f"encode_pages: {name} must have shape [num_pages, {', '.join(map(str, want))}], "
+            f"got {tuple(x.shape)}"
+        )
+    if x.dtype == torch.uint8:
+        return fp8_dequantize(x, scale)
+    if scale is not None:
+        raise ValueError(
+            f"encode_pages: {name}_scale applies to uint8 FP8 input only, got {name} dtype={x.dtype}"
+        )
+    return x.to(torch.float32)
+
+
+def encode_pages(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: TQ3PageLayout,
+    rotation: LayerRotation,
+    codebook: Codebook,
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
+) -> torch.Tensor:
+    """Full pages of K and V [N, H, P, D] (bf16/fp16/fp32, or uint8 FP8 with the per-layer scales)
+    -> TQ3P pages uint8 [N, layout.page_bytes]."""
+    if rotation.head_dim != layout.head_dim or rotation.num_kv_heads != layout.num_kv_heads:
+        raise ValueError(
+            f"encode_pages: rotation is for (H={rotation.num_kv_heads}, D={rotation.head_dim}), "
+            f"layout is (H={layout.num_kv_heads}, D={layout.head_dim})"
+        )
+    kf, vf = _as_float(k, k_scale, "k", layout), _as_float(v, v_scale, "v", layout)
+    if kf.shape[0] != vf.shape[0]:
+        raise ValueError(f"encode_pages: k has {kf.shape[0]} pages, v has {vf.shape[0]}")
+    n = kf.shape[0]
+    k_codes, k_norm = quantize_keys(rotation.rotate(kf, head_axis=-3), codebook)
+    v_codes, v_scale16, v_zero16 = quantize_values(rotation.rotate(vf, head_axis=-3))
+    parts = [
+        pack_codes(k_codes).reshape(n, -1),
+        pack_codes(v_codes).reshape(n, -1),
+        k_norm.reshape(n, -1).view(torch.uint8),
+        v_scale16.reshape(n, -1).view(torch.uint8),
+        v_zero16.reshape(n, -1).view(torch.uint8),
+    ]
+    pad = layout.page_bytes - layout.payload_bytes - layout.metadata_bytes
+    parts.append(torch.zeros(n, pad, dtype=torch.uint8, device=kf.device))
+    return torch.cat(parts, dim=1)
+
+
+def decode_pages(
+    pages: torch.Tensor, layout: TQ3PageLayout, codebook: Codebook
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TQ3P pages [N, page_bytes] -> (k̂', v̂') fp32 [N, H, P, D] in the ROTATED space."""
+    f = page_fields(pages, layout)
+    d = layout.head_dim
+    k = dequantize_keys(unpack_codes(f.k_codes, d), f.k_norm, codebook)
+    v = dequantize_values(unpack_codes(f.v_codes, d), f.v_scale, f.v_zero)
+    return k, v
+
+
+def to_original_space(x_rot: torch.Tensor, rotation: LayerRotation) -> torch.Tensor:
+    """Rotated pages [N, H, P, D] -> original space (R^T per kv head)."""
+    return rotation.unrotate(x_rot, head_axis=-3)

@@ -1,0 +1,141 @@
+"""Paged attention over FP8 (hot) and TQ3 (stale) pages, in tiles: the reference for every faster path.
+
+Each op returns (out fp32 [T, Hq, Dv], lse fp32 [T, Hq], base 2) for one request's queries over the
+pages it is given, reading one tile of pages at a time (never a dense copy of the whole cache) and
+folding tiles together with merge_attention_states. Causal masking compares query positions with
+key positions, so extend/prefill (new tokens attending causally) and decode share one path.
+
+Spaces: the TQ3 op takes q already rotated (q' = R q, once per step) and returns out' in the rotated
+space; ``mixed_paged_attention`` takes and returns the original space and un-rotates the TQ3 part
+once before the merge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..codec.codebook import Codebook
+from ..codec.fp8 import Scale, fp8_dequantize
+from ..codec.layout import TQ3PageLayout
+from ..codec.rotation import LayerRotation
+from ..codec.tq3 import decode_pages
+from .dense import attend, causal_mask
+from .merge import merge_attention_states
+
+DEFAULT_TILE_TOKENS = 256
+DEFAULT_TILE_PAGES = 4
+
+
+@dataclass(frozen=True)
+class HotPagedKV:
+    """One request's hot (Recent/Anchor) tokens: FP8 e4m3 stored as uint8 with per-layer scales,
+    as SGLang's MHATokenToKVPool keeps them, or the model dtype (scales then None)."""
+
+    k_buffer: torch.Tensor  # [num_slots, H, D], uint8 (FP8) or bf16/fp16/fp32
+    v_buffer: torch.Tensor  # [num_slots, H, Dv]
+    slots: torch.Tensor  # int64 [n]: token slots into the buffers
+    positions: torch.Tensor | None = None  # int64 [n]: sequence position of each token (causal)
+    k_scale: Scale = None
+    v_scale: Scale = None
+
+    def load(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.slots[start:end]
+        return _dequant(self.k_buffer[idx], self.k_scale), _dequant(self.v_buffer[idx], self.v_scale)
+
+
+def _dequant(x: torch.Tensor, scale: Scale) -> torch.Tensor:
+    if x.dtype == torch.uint8:
+        return fp8_dequantize(x, scale)
+    x = x.to(torch.float32)
+    return x if scale is None else x * scale
+
+
+@dataclass(frozen=True)
+class Tq3PagedKV:
+    """One request's Stale pages in a TQ3P buffer; pages are always full."""
+
+    buffer: torch.Tensor  # uint8 [num_physical_pages, layout.page_bytes]
+    page_ids: torch.Tensor  # int64 [m]: physical page ids
+    layout: TQ3PageLayout
+    codebook: Codebook
+    page_starts: torch.Tensor | None = None  # int64 [m]: position of token 0 of each page (causal)
+
+    def load(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoded rotated K, V of pages [start, end) as [tokens, H, D] fp32."""
+        k, v = decode_pages(self.buffer[self.page_ids[start:end]], self.layout, self.codebook)
+        h, d = self.layout.num_kv_heads, self.layout.head_dim
+        return k.transpose(1, 2).reshape(-1, h, d), v.transpose(1, 2).reshape(-1, h, d)
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        offs = torch.arange(self.layout.page_size, device=self.page_starts.device)
+        return (self.page_starts[start:end].view(-1, 1) + offs).reshape(-1)
+
+
+def _empty_state(q: torch.Tensor, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t, hq, _ = q.shape
+    out = torch.zeros(t, hq, dv, dtype=torch.float32, device=q.device)
+    return out, torch.full((t, hq), float("-inf"), dtype=torch.float32, device=q.device)
+
+
+def _check_causal(q_positions: torch.Tensor | None, kv_positions: torch.Tensor | None, what: str) -> None:
+    if (q_positions is None) != (kv_positions is None):
+        raise ValueError(f"{what}: causal masking needs both q_positions and key positions, or neither")
+
+
+def hot_paged_attention(
+    q: torch.Tensor,
+    kv: HotPagedKV,
+    sm_scale: float,
+    q_positions: torch.Tensor | None = None,
+    tile_tokens: int = DEFAULT_TILE_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] (original space) over hot tokens -> (out fp32 [T, Hq, Dv], lse base 2 [T, Hq])."""
+    _check_causal(q_positions, kv.positions, "hot_paged_attention")
+    out, lse = _empty_state(q, kv.v_buffer.shape[-1])
+    n = kv.slots.numel()
+    for start in range(0, n, tile_tokens):
+        end = min(start + tile_tokens, n)
+        k, v = kv.load(start, end)
+        mask = None if q_positions is None else causal_mask(q_positions, kv.positions[start:end])
+        out, lse = merge_attention_states(out, lse, *attend(q, k, v, sm_scale, mask))
+    return out, lse
+
+
+def tq3_paged_attention(
+    q_rot: torch.Tensor,
+    kv: Tq3PagedKV,
+    sm_scale: float,
+    q_positions: torch.Tensor | None = None,
+    tile_pages: int = DEFAULT_TILE_PAGES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q' = R q [T, Hq, D] (ROTATED, see LayerRotation.rotate) over TQ3 pages
+    -> (out' fp32 [T, Hq, D] in the ROTATED space, lse base 2 [T, Hq])."""
+    _check_causal(q_positions, kv.page_starts, "tq3_paged_attention")
+    out, lse = _empty_state(q_rot, kv.layout.head_dim)
+    m = kv.page_ids.numel()
+    for start in range(0, m, tile_pages):
+        end = min(start + tile_pages, m)
+        k, v = kv.load(start, end)
+        mask = None if q_positions is None else causal_mask(q_positions, kv.positions(start, end))
+        out, lse = merge_attention_states(out, lse, *attend(q_rot, k, v, sm_scale, mask))
+    return out, lse
+
+
+def mixed_paged_attention(
+    q: torch.Tensor,
+    hot: HotPagedKV | None,
+    tq3: Tq3PagedKV | None,
+    rotation: LayerRotation,
+    sm_scale: float,
+    q_positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] (original space) over hot + TQ3 pages -> (out fp32 original space, lse base 2)."""
+    out, lse = _empty_state(q, q.shape[-1] if hot is None else hot.v_buffer.shape[-1])
+    if tq3 is not None and tq3.page_ids.numel():
+        out_rot, lse = tq3_paged_attention(rotation.rotate(q, head_axis=-2), tq3, sm_scale, q_positions)
+        out = rotation.unrotate(out_rot, head_axis=-2)
+    if hot is not None and hot.slots.numel():
+        out, lse = merge_attention_states(out, lse, *hot_paged_attention(q, hot, sm_scale, q_positions))
+    return out, lse

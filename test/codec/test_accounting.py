@@ -1,0 +1,42 @@
+"""Byte accounting: matches the layout, the bits-per-element formulas and real encoded pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_minima.codec.accounting import bytes_per_token_table, fp8_bytes, tq3_bits, tq3_bytes
+from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.tq3 import encode_pages
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_bits_per_element(d):
+    layout = TQ3PageLayout(num_kv_heads=4, page_size=64, head_dim=d)
+    b = tq3_bytes(layout)
+    elems = 4 * 64 * d
+    assert tq3_bits(d).key == 3 + 16 / d and tq3_bits(d).value == 3 + 32 / d
+    assert 8 * (b.payload + b.metadata) == pytest.approx(elems * (tq3_bits(d).key + tq3_bits(d).value))
+    assert b.padding == 0 and b.total == layout.page_bytes
+    assert fp8_bytes(4, 64, d).total == 2 * elems
+
+
+def test_padding_counts_toward_the_page():
+    layout = TQ3PageLayout(num_kv_heads=1, page_size=3, head_dim=8)
+    b = tq3_bytes(layout)
+    assert (b.payload, b.metadata) == (18, 18) and b.total == 48 and b.padding == 12
+
+
+def test_encoded_page_size_matches_accounting():
+    layout = TQ3PageLayout(2, 16, 64)
+    k = torch.randn(1, 2, 16, 64)
+    pages = encode_pages(k, k, layout, LayerRotation(2, 64, 0), tq3_codebook(64))
+    assert pages.shape[1] == tq3_bytes(layout).total
+
+
+def test_table():
+    rows = {r["head_dim"]: r for r in bytes_per_token_table()}
+    assert rows[128]["fp8_total"] == 256 and rows[128]["tq3_payload"] == 96 and rows[128]["tq3_metadata"] == 6
+    assert rows[64]["fp8_over_tq3"] == pytest.approx(128 / 54)

@@ -1,0 +1,53 @@
+"""FP8 pages: the bytes SGLang 0.5.23's set_kv_buffer stores, and their exact dequantization."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_minima.codec.fp8 import FP8_DTYPE, fp8_dequantize, fp8_quantize
+
+
+def _sglang_store(cache_k: torch.Tensor, k_scale) -> torch.Tensor:
+    """MHATokenToKVPool.set_kv_buffer's FP8 branch, verbatim (memory_pool.py, 0.5.23)."""
+    cache_k = cache_k.clone()
+    if cache_k.dtype != FP8_DTYPE:
+        if k_scale is not None:
+            cache_k.div_(k_scale)
+        cache_k = cache_k.to(FP8_DTYPE)
+    return cache_k.view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("scale", [None, 1.0, 0.37, torch.tensor(2.5)])
+def test_bytes_match_sglang(dtype, scale):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 4, 32, generator=g) * 30).to(dtype)
+    assert torch.equal(fp8_quantize(x, scale), _sglang_store(x, scale))
+
+
+def test_known_bit_patterns():
+    x = torch.tensor([0.0, -0.0, 1.0, -2.0, 448.0, -448.0, 2.0**-9, 0.5, 1.125])
+    want = [0x00, 0x80, 0x38, 0xC0, 0x7E, 0xFE, 0x01, 0x30, 0x39]
+    assert fp8_quantize(x).tolist() == want
+
+
+def test_every_code_round_trips():
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[~torch.isnan(codes.view(FP8_DTYPE).float())]  # 0x7F and 0xFF are NaN
+    for scale in (None, 0.5, 3.0):
+        values = fp8_dequantize(codes, scale)
+        assert torch.equal(fp8_quantize(values, scale), codes)
+
+
+def test_dequantize_is_value_times_scale():
+    u8 = fp8_quantize(torch.tensor([1.5, -3.0, 0.25]))
+    assert fp8_dequantize(u8, 2.0).tolist() == [3.0, -6.0, 0.5]
+    assert fp8_dequantize(u8, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_bad_dtypes():
+    with pytest.raises(TypeError, match="dtype=torch.int32"):
+        fp8_quantize(torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="dtype=torch.float32"):
+        fp8_dequantize(torch.zeros(3))

@@ -1,0 +1,208 @@
+"""TQ3 encode/decode: the documented recipe, the TQ3P byte layout, distortion, bad inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+import torch
+
+from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.packing import unpack_codes
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.tq3 import (
+    decode_pages,
+    dequantize_values,
+    encode_pages,
+    page_fields,
+    quantize_keys,
+    quantize_values,
+    sum_of_squares,
+    to_original_space,
+)
+
+H, P = 2, 16
+
+
+def _setup(d: int):
+    return TQ3PageLayout(H, P, d), LayerRotation(H, d, layer_id=1), tq3_codebook(d)
+
+
+def _kv(n: int, d: int, seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(n, H, P, d, generator=g) * 3
+    v = torch.randn(n, H, P, d, generator=g) + 0.5
+    return k.to(dtype), v.to(dtype)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256, 96])
+def test_round_trip_shapes_and_original_space(d):
+    layout, rot, cb = _setup(d)
+    k, v = _kv(3, d)
+    pages = encode_pages(k, v, layout, rot, cb)
+    assert pages.shape == (3, layout.page_bytes) and pages.dtype == torch.uint8
+    k_rot, v_rot = decode_pages(pages, layout, cb)
+    k_hat, v_hat = to_original_space(k_rot, rot), to_original_space(v_rot, rot)
+    # Rotation is orthogonal, so the error is the same in both spaces; and it is small.
+    assert torch.allclose((k_hat - k).norm(), (k_rot - rot.rotate(k, head_axis=-3)).norm(), rtol=1e-4)
+    assert float(((k_hat - k) ** 2).mean() / (k**2).mean()) < 0.045
+    assert float(((v_hat - v) ** 2).mean() / (v**2).mean()) < 0.06
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_key_norm_is_preserved(d):
+    layout, rot, cb = _setup(d)
+    k, v = _kv(2, d, seed=1)
+    k_rot, _ = decode_pages(encode_pages(k, v, layout, rot, cb), layout, cb)
+    ratio = k_rot.norm(dim=-1) / k.norm(dim=-1)
+    assert float((ratio - 1).abs().max()) <= 2.0**-11 + 1e-6  # one fp16 rounding
+
+
+def test_key_mse_matches_codebook_on_gaussian_data():
+    d = 128
+    cb = tq3_codebook(d)
+    x = torch.randn(20000, d, dtype=torch.float64)
+    x = x / x.norm(dim=-1, keepdim=True) * math.sqrt(d)  # sqrt(d)·u: unit variance per coordinate
+    codes, s = quantize_keys(x.float(), cb)
+    x_hat = s.float().unsqueeze(-1) * cb.centroids[codes.long()]
+    # Norm correction moves the reconstruction slightly off the centroids: within 10% of the Lloyd MSE.
+    assert float(((x_hat.double() - x) ** 2).mean()) == pytest.approx(cb.mse, rel=0.1)
+
+
+def test_key_codes_follow_the_definition():
+    d = 64
+    cb = tq3_codebook(d)
+    k = torch.randn(500, d) * 5
+    codes, s = quantize_keys(k, cb)
+    n = torch.sqrt(sum_of_squares(k))
+    u = k * (torch.tensor(math.sqrt(d), dtype=torch.float32) / n).unsqueeze(-1)
+    want = (u.unsqueeze(-1) > cb.thresholds).sum(-1)
+    assert torch.equal(codes.long(), want)
+    code_norm = torch.sqrt(sum_of_squares(cb.centroids[codes.long()]))
+    assert torch.equal(s, (n / code_norm).to(torch.float16))
+
+
+def test_sum_of_squares_order():
+    x = torch.randn(7, 96)
+    s = torch.nn.functional.pad(x * x, (0, 32))
+    while s.shape[-1] > 1:
+        half = s.shape[-1] // 2
+        s = s[..., :half] + s[..., half:]
+    assert torch.equal(sum_of_squares(x), s[..., 0])
+
+
+def test_value_recipe_by_hand():
+    v = torch.tensor([[-1.0, 0.0, 0.5, 1.0, 2.5, 3.0, 3.5, -0.75]])
+    codes, scale, zero = quantize_values(v)
+    assert zero.item() == -1.0 and scale.dtype == torch.float16
+    assert scale.item() == torch.tensor(4.5 / 7).to(torch.float16).item()
+    q = (v - zero.float()) / scale.float()
+    assert codes.tolist() == [torch.round(q).clamp(0, 7).to(torch.uint8).tolist()[0]]
+    assert codes[0, 0] == 0 and codes[0, 6] == 7
+
+
+def test_round_half_to_even():
+    v = torch.tensor([[0.0, 0.5, 1.5, 2.5, 7.0, 3.5, 4.5, 6.5]])  # scale 1, zero 0
+    codes, scale, zero = quantize_values(v)
+    assert scale.item() == 1.0 and zero.item() == 0.0
+    assert codes.tolist() == [[0, 0, 2, 2, 7, 4, 4, 6]]
+
+
+def test_zero_keys_and_constant_values():
+    d = 64
+    layout, rot, cb = _setup(d)
+    k = torch.zeros(1, H, P, d)
+    v = torch.randn(1, H, P, d)
+    pages = encode_pages(k, v, layout, rot, cb)
+    f = page_fields(pages, layout)
+    assert torch.count_nonzero(f.k_codes) == 0 and torch.count_nonzero(f.k_norm) == 0
+    assert torch.count_nonzero(decode_pages(pages, layout, cb)[0]) == 0
+    # A constant (rotated) value row: scale 0, codes 0, decoded exactly.
+    codes, scale, zero = quantize_values(torch.full((3, d), 0.375))
+    assert torch.count_nonzero(codes) == 0 and torch.count_nonzero(scale) == 0
+    assert torch.equal(dequantize_values(codes, scale, zero), torch.full((3, d), 0.375))
+
+
+def test_layout_offsets():
+    d = 64
+    layout, rot, cb = _setup(d)
+    k, v = _kv(2, d, seed=2)
+    pages = encode_pages(k, v, layout, rot, cb)
+    k_codes, k_norm = quantize_keys(rot.rotate(k, head_axis=-3), cb)
+    v_codes, v_scale, v_zero = quantize_values(rot.rotate(v, head_axis=-3))
+    cb_ = layout.code_bytes
+    assert torch.equal(unpack_codes(pages[:, :cb_].view(2, H, P, -1), d), k_codes)
+    assert torch.equal(unpack_codes(pages[:, cb_ : 2 * cb_].view(2, H, P, -1), d), v_codes)
+    for off, field in (
+        (layout.k_norm_offset, k_norm),
+        (layout.v_scale_offset, v_scale),
+        (layout.v_zero_offset, v_zero),
+    ):
+        raw = pages[:, off : off + layout.meta_bytes].reshape(2, H * P, 2).to(torch.int32)
+        bits = raw[..., 0] | (raw[..., 1] << 8)  # little-endian fp16
+        assert torch.equal(bits, field.reshape(2, -1).view(torch.int16).to(torch.int32) & 0xFFFF)
+    end = layout.payload_bytes + layout.metadata_bytes
+    assert torch.count_nonzero(pages[:, end:]) == 0
+
+
+def test_input_dtypes_agree():
+    d = 64
+    layout, rot, cb = _setup(d)
+    k, v = _kv(2, d, seed=3, dtype=torch.bfloat16)
+    assert torch.equal(
+        encode_pages(k, v, layout, rot, cb), encode_pages(k.float(), v.float(), layout, rot, cb)
+    )
+    k8, v8 = fp8_quantize(k.float(), 0.5), fp8_quantize(v.float(), 0.25)
+    from_fp8 = encode_pages(k8, v8, layout, rot, cb, k_scale=0.5, v_scale=0.25)
+    deq = encode_pages(fp8_dequantize(k8, 0.5), fp8_dequantize(v8, 0.25), layout, rot, cb)
+    assert torch.equal(from_fp8, deq)
+
+
+def test_deterministic_and_pinned():
+    # Integer-derived input (exact in every dtype): a golden page for kernels to match.
+    d = 64
+    layout, rot, cb = _setup(d)
+    i = torch.arange(H * P * d, dtype=torch.float32).view(1, H, P, d)
+    k = ((i * 37) % 101 - 50) / 8
+    v = ((i * 53) % 89 - 30) / 16
+    a, b = encode_pages(k, v, layout, rot, cb), encode_pages(k, v, layout, rot, cb)
+    assert torch.equal(a, b)
+    assert hashlib.sha256(a.numpy().tobytes()).hexdigest() == GOLDEN_SHA256
+
+
+GOLDEN_SHA256 = "2daf680006df463c9cbd24fbfd8f1c89d7a70986a4e0d5d32d565ecfd6efe110"
+
+
+def test_bad_inputs():
+    d = 64
+    layout, rot, cb = _setup(d)
+    k, v = _kv(1, d)
+    with pytest.raises(ValueError, match="multiple of 8, got 60"):
+        TQ3PageLayout(H, P, 60)
+    with pytest.raises(TypeError, match="dtype=torch.int32"):
+        encode_pages(k.int(), v, layout, rot, cb)
+    with pytest.raises(ValueError, match=r"k must have shape \[num_pages, 2, 16, 64\], got \(1, 2, 8, 64\)"):
+        encode_pages(k[:, :, :8], v, layout, rot, cb)
+    with pytest.raises(ValueError, match="k_scale applies to uint8 FP8 input only"):
+        encode_pages(k, v, layout, rot, cb, k_scale=0.5)
+    with pytest.raises(ValueError, match="rotation is for"):
+        encode_pages(k, v, layout, LayerRotation(1, d, 0), cb)
+    with pytest.raises(ValueError, match=r"shape \[num_pages, 1728\], got \(1, 1727\)"):
+        decode_pages(torch.zeros(1, layout.page_bytes - 1, dtype=torch.uint8), layout, cb)
+    with pytest.raises(ValueError, match="overflows fp16"):
+        encode_pages(k, v * 1e5, layout, rot, cb)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_bytes_match_cpu(d):
+    layout, rot, cb = _setup(d)
+    k, v = _kv(256, d, seed=4, dtype=torch.bfloat16)
+    gpu_rot = LayerRotation(H, d, layer_id=1, device="cuda")
+    cpu = encode_pages(k, v, layout, rot, cb)
+    gpu = encode_pages(k.cuda(), v.cuda(), layout, gpu_rot, cb.to("cuda"))
+    assert torch.equal(cpu, gpu.cpu())
