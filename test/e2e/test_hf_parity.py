@@ -14,6 +14,19 @@ PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "The quick brown fox"
 NEW_TOKENS = 24
 
 
+def _hf_greedy(model, ids):
+    """Plain argmax decoding (generate()'s min_new_tokens would mask EOS, which ignore_eos keeps)."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            nxt = int(model(ids).logits[0, -1].argmax())
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return out
+
+
 def test_greedy_matches_transformers(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -21,12 +34,7 @@ def test_greedy_matches_transformers(tmp_path_factory):
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    expected = []
-    for prompt in PROMPTS:
-        ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-        expected.append(out[0, ids.shape[1]:].tolist())
+    expected = [_hf_greedy(model, tok(prompt, return_tensors="pt").input_ids) for prompt in PROMPTS]
 
     server = launch(["--model-path", str(model_dir), "--dtype", "float32", "--page-size", "16",
                      "--minima-hot-dtype", "auto", "--minima-disable-stale"],

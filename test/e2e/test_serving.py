@@ -82,7 +82,6 @@ def branches(s, question):
 sgl.set_default_backend(sgl.RuntimeEndpoint(sys.argv[1]))
 states = branches.run_batch([{"question": f"What is item {q}?"} for q in range(2)])
 cached = [st.get_meta_info("final")["cached_tokens"] for st in states]
-cached += [st.get_meta_info("ans")["cached_tokens"] for st in states]
 print(json.dumps({"cached": cached, "finals": [st["final"] for st in states]}))
 '''
 
