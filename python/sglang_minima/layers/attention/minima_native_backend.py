@@ -1,0 +1,205 @@
+"""``minima_native``: SGLang attention over Minima's mixed FP8 / TQ3 paged KV cache, in torch.
+
+The CPU backend and the reference for every faster path. Per forward step, ``init_forward_metadata``
+turns the ForwardBatch and the pool's page table into per-request routes (plan.py): hot token slots
+and TQ3 page ids with their sequence positions. Per layer, each request's queries attend its hot
+tokens and its TQ3 pages in tiles (sglang_minima.ops.paged: no dense copy of the cache) and the two
+partial (out, LSE) states are merged by the online-softmax merge. Decode, extend, chunked prefill
+(later chunks read Stale pages of earlier ones) and mixed batches share this one path: queries sit
+at the last positions of their request and mask keys by position.
+
+Contract with the pool (MinimaKVPool): the page table maps every page of the batch before the
+forward (the allocator maps new pages at allocation, always to hot pages). ``note_read`` is told the
+logical pages each forward reads, once per step: the pool holds their physical pages until the
+forward is done (reader epochs) and counts the routes (pages and tokens attended per format). There
+is no dense fallback and no dense copy of a compressed page: every read goes through the tiled ops.
+With ``--minima-attention-score-anchors``, the backend also sums each page's attention mass over the
+layers of a step (page_mass.py) and reports it after the last layer (``note_page_scores``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_minima.layers.attention.page_mass import hot_token_mass, tq3_page_mass
+from sglang_minima.layers.attention.plan import BatchRoute, RequestRoute, plan_batch
+from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, hot_paged_attention, mixed_paged_attention
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+
+class MinimaNativeAttnBackend(AttentionBackend):
+    """Torch attention over MinimaKVPool: hot (FP8 or model dtype) + TQ3 pages, merged by LSE."""
+
+    def __init__(self, model_runner: ModelRunner):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.forward_metadata: BatchRoute | None = None
+        pool = self.token_to_kv_pool
+        if not hasattr(pool, "page_table"):
+            raise ValueError(
+                f"--attention-backend minima_native reads Minima's KV pool, got {type(pool).__name__}: "
+                "select Minima with --radix-cache-backend minima (sglang_minima.launch_server does)"
+            )
+        self._score_pages: bool = pool.minima_config.attention_score_anchors
+        self._last_layer_id: int = pool.start_layer + pool.layer_num - 1
+        # Per request of the current forward: attention mass of each page it reads, summed over layers.
+        self._page_mass: list[torch.Tensor] = []
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        mode = forward_batch.forward_mode
+        if mode.is_idle():
+            self.forward_metadata = BatchRoute(requests=())
+            self._page_mass = []
+            return
+        if mode.is_decode():
+            q_lens = [1] * forward_batch.batch_size
+        elif mode == ForwardMode.EXTEND or mode.is_mixed():
+            q_lens = list(forward_batch.extend_seq_lens_cpu)
+        else:
+            raise NotImplementedError(f"minima_native does not support forward mode {mode.name}")
+        seq_lens = forward_batch.seq_lens_cpu
+        if seq_lens is None:
+            seq_lens = forward_batch.seq_lens.cpu()
+        pool = self.token_to_kv_pool
+        route = plan_batch(
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices.tolist(),
+            seq_lens.tolist(),
+            q_lens,
+            pool.page_table.fmt,
+            pool.page_table.phys,
+            pool.page_size,
+        )
+        self.forward_metadata = route
+        counts = route.counts
+        pool.note_read(route.logical_pages, hot_tokens=counts.hot_tokens, tq3_tokens=counts.tq3_tokens)
+        if self._score_pages:
+            self._page_mass = [
+                torch.zeros(r.logical_pages.numel(), dtype=torch.float32, device=r.logical_pages.device)
+                for r in route.requests
+            ]
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+        **kwargs,
+    ) -> torch.Tensor:
+        return self._forward(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+        **kwargs,
+    ) -> torch.Tensor:
+        return self._forward(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def support_triton(self) -> bool:
+        return False
+
+    def _forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool,
+    ) -> torch.Tensor:
+        _check_layer(layer)
+        if save_kv_cache and k is not None and v is not None:
+            # New tokens land in hot pages: the pool translates logical slots to hot physical slots.
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc), k, v)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+        o3 = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
+        for i, route in enumerate(self.forward_metadata.requests):
+            rows = slice(route.q_start, route.q_start + route.q_len)
+            o3[rows] = self._attend_request(i, q3[rows], route, layer).to(o.dtype)
+        if self._page_mass and layer.layer_id == self._last_layer_id:
+            # Once per step, after the last layer: the mass of every page read, for score Anchors.
+            self.token_to_kv_pool.note_page_scores(self.forward_metadata.logical_pages, torch.cat(self._page_mass))
+            self._page_mass = []
+        return o
+
+    def _attend_request(self, index: int, q: torch.Tensor, route: RequestRoute, layer: RadixAttention) -> torch.Tensor:
+        """Request ``index``'s queries [T, Hq, D] over its hot tokens and TQ3 pages -> out fp32 [T, Hq, Dv]."""
+        pool = self.token_to_kv_pool
+        lid = layer.layer_id
+        k_buffer, v_buffer = pool.hot_k_buffer(lid), pool.hot_v_buffer(lid)
+        fp8 = k_buffer.dtype == torch.uint8
+        hot = HotPagedKV(
+            k_buffer,
+            v_buffer,
+            route.hot_slots,
+            route.hot_positions,
+            k_scale=pool.k_scale(lid) if fp8 else None,
+            v_scale=pool.v_scale(lid) if fp8 else None,
+        )
+        q_positions = route.q_positions
+        if route.num_tq3_pages == 0:
+            out, lse = hot_paged_attention(q, hot, layer.scaling, q_positions)
+        else:
+            tq3 = Tq3PagedKV(pool.tq3_buffer(lid), route.tq3_pages, pool.layout, pool.codebook, route.tq3_page_starts)
+            out, lse = mixed_paged_attention(q, hot, tq3, pool.rotation(lid), layer.scaling, q_positions)
+        if self._page_mass:
+            self._add_page_mass(self._page_mass[index], q, route, layer, hot, lse)
+        return out
+
+    def _add_page_mass(
+        self,
+        mass: torch.Tensor,
+        q: torch.Tensor,
+        route: RequestRoute,
+        layer: RadixAttention,
+        hot: HotPagedKV,
+        lse: torch.Tensor,
+    ) -> None:
+        """Add this layer's attention mass per page to ``mass`` (indexed like ``route.logical_pages``:
+        the k-th page of a request holds positions k*page_size .. (k+1)*page_size - 1)."""
+        pool = self.token_to_kv_pool
+        page_size = pool.page_size
+        q_positions = route.q_positions
+        hot_mass = hot_token_mass(
+            q, hot.k_buffer, hot.slots, hot.positions, hot.k_scale, layer.scaling, lse, q_positions
+        )
+        mass.index_add_(0, route.hot_positions // page_size, hot_mass)
+        if route.num_tq3_pages:
+            lid = layer.layer_id
+            tq3_mass = tq3_page_mass(
+                pool.rotation(lid).rotate(q, head_axis=-2), pool.tq3_buffer(lid), route.tq3_pages,
+                route.tq3_page_starts, pool.layout, pool.codebook, layer.scaling, lse, q_positions,
+            )
+            mass.index_add_(0, route.tq3_page_starts // page_size, tq3_mass)
+
+
+def _check_layer(layer: RadixAttention) -> None:
+    """Reject attention variants this backend does not implement (rather than compute them wrong)."""
+    if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
+        raise NotImplementedError("minima_native supports causal decoder self-attention only")
+    if layer.sliding_window_size > -1:
+        raise NotImplementedError("minima_native does not support sliding-window attention")
+    if layer.logit_cap > 0:
+        raise NotImplementedError("minima_native does not support attention logit capping")

@@ -1,0 +1,108 @@
+"""LifecycleController: which pages are Recent, Anchor or Stale, and the conversions between steps.
+
+Per live request (its logical pages in sequence order):
+- Recent: the last ``recent_pages`` pages (the page being written is always one of them);
+- Anchor: the first ``sink_pages`` pages (attention sinks), pages of a shared prefix (held by two
+  or more live requests, e.g. a system prompt: paid for once), and a budget of ``anchor_pages``
+  more pages filled by score: the EWMA attention mass when ``attention_score_anchors`` is on,
+  otherwise recency (the pages just before the Recent window);
+- Stale: the rest.
+A page held by several requests takes its highest tier. A page held by no live request (a cached
+prefix) keeps its format: FP8 pages nobody needs cost nothing, and a prefix hit may want them
+again. ``tick`` runs once per scheduler step: one batched FP8->TQ3 conversion of sealed Stale
+pages, then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
+``reserve_hot`` converts synchronously when an allocation finds no free FP8 page: cached
+and Stale pages first, then Anchor, then Recent, oldest first; never a page being written.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.page_table import FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
+from sglang_minima.mem_cache.tier_store import TieredPageStore
+
+_TIER_STRIDE = 1 << 40  # sort key tier * stride + birth step: tiers first, then age
+
+
+class LifecycleController:
+    def __init__(self, store: TieredPageStore, config: MinimaConfig):
+        self.store = store
+        self.config = config
+
+    def classify(self, sequences: Sequence[torch.Tensor]) -> torch.Tensor:
+        """int8 [num_logical_pages + 1]: the tier of every logical page (TIER_NONE if no live request holds it)."""
+        pt = self.store.page_table
+        labels = torch.full_like(pt.tier, TIER_NONE)
+        sequences = [s for s in sequences if s.numel() > 0]
+        if not sequences:
+            return labels
+        device = pt.tier.device
+        pages = torch.cat([s.to(device=device, dtype=torch.int64) for s in sequences])
+        lens = torch.tensor([s.numel() for s in sequences], device=device)
+        starts = torch.cumsum(lens, 0) - lens
+        seq_id = torch.repeat_interleave(torch.arange(len(sequences), device=device), lens)
+        idx = torch.arange(pages.numel(), device=device) - starts[seq_id]
+        p = self.config
+        recent = idx >= lens[seq_id] - p.recent_pages
+        shared = torch.bincount(pages, minlength=pt.tier.numel())[pages] > 1
+        anchor = (idx < p.sink_pages) | shared
+        tier = torch.where(recent, TIER_RECENT, torch.where(anchor, TIER_ANCHOR, TIER_STALE))
+        if p.anchor_pages > 0:
+            key = pt.score[pages] if p.attention_score_anchors else idx.to(torch.float32)
+            candidate = tier == TIER_STALE
+            key = torch.where(candidate, key, torch.full_like(key, float("-inf")))
+            order = torch.argsort(key, descending=True, stable=True)
+            order = order[torch.argsort(seq_id[order], stable=True)]
+            rank = torch.empty_like(idx)
+            rank[order] = torch.arange(pages.numel(), device=device) - starts[seq_id[order]]
+            tier = torch.where(candidate & (rank < p.anchor_pages), TIER_ANCHOR, tier)
+        labels.scatter_reduce_(0, pages, tier.to(labels.dtype), reduce="amax")
+        return labels
+
+    def tick(self, sequences: Sequence[torch.Tensor]) -> None:
+        """Between steps: classify, retier one batch, promote what fits beside the decode reserve."""
+        store, pt, p = self.store, self.store.page_table, self.config
+        pt.tier.copy_(self.classify(sequences))
+        if p.disable_stale:
+            return
+        stale = store.hot_convertible() & (pt.tier == TIER_STALE)
+        store.retier(self._order(stale, demote=True)[: p.retier_batch_pages])
+        spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
+        wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)
+        if spare > 0 and bool(wanted.any()):
+            store.promote(self._order(wanted, demote=False)[: min(spare, p.retier_batch_pages)])
+
+    def hot_reachable(self) -> int:
+        """Hot pages an allocation can get: free ones plus sealed ones a conversion would free."""
+        return self.store.hot_pool.num_free + int(self.store.hot_convertible().sum())
+
+    def reserve_hot(self, num_pages: int) -> bool:
+        """Make ``num_pages`` hot pages free for an allocation; False if that is impossible.
+
+        First the readers: an allocation runs between forwards, so after a device sync every
+        forward that noted reads is done. Then pressure: convert sealed hot pages, cached and Stale
+        first, then Anchor, then Recent, oldest first.
+        """
+        store = self.store
+        short = num_pages - store.hot_pool.num_free
+        if short <= 0:
+            return True
+        if store.readers.num_holds:
+            torch.get_device_module(store.device).synchronize()
+            store.readers.drain()
+            short = num_pages - store.hot_pool.num_free
+        if short > 0 and not self.config.disable_stale:
+            store.stats.pressure_retier_pages += store.retier(self._order(store.hot_convertible(), demote=True)[:short])
+        return store.hot_pool.num_free >= num_pages
+
+    def _order(self, mask: torch.Tensor, *, demote: bool) -> torch.Tensor:
+        """Logical pages of ``mask`` ordered for demotion (lower tier first, oldest first) or for
+        promotion (higher tier first, youngest first)."""
+        pt = self.store.page_table
+        pages = torch.nonzero(mask).flatten()
+        key = pt.tier[pages].to(torch.int64) * _TIER_STRIDE + pt.birth[pages]
+        return pages[torch.argsort(key if demote else -key, stable=True)]

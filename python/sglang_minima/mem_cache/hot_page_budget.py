@@ -1,0 +1,28 @@
+"""HotPageBudget: SGLang's prefill budget, also bounded by the FP8 pages an extend can get.
+
+New KV always lands on FP8 pages, and pages being written cannot be converted, so one step can
+admit at most the FP8 pages that are free or freeable by conversion, whatever the logical room.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.mem_cache.prefill_budget import PrefillBudget
+
+
+class HotPageBudget(PrefillBudget):
+    def __init__(self, allocator, tree_cache, *, num_mixed_decode_tokens: int = 0, hot_tokens: int):
+        super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+        self.hot_tokens = hot_tokens
+
+    @property
+    def remaining_hot(self) -> int:
+        return self.hot_tokens - self.current_offset
+
+    @property
+    def remaining_current(self):
+        return min(super().remaining_current, self.remaining_hot)
+
+    def available_chunk_tokens(self, chunk_limit: int) -> int | None:
+        available = min(chunk_limit, int(self.remaining_total), self.remaining_hot)
+        available = available // self.page_size * self.page_size
+        return available if available > 0 else super().available_chunk_tokens(chunk_limit)

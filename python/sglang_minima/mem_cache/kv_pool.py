@@ -1,0 +1,181 @@
+"""MinimaKVPool: SGLang's MHA KV pool with Minima's tiered physical storage behind logical slots.
+
+SGLang (allocator, radix tree, ``req_to_token``) keeps addressing *logical* slots. This pool owns a
+``TieredPageStore``: a page table logical page -> (format, physical page), an FP8 region of
+``num_hot_pages`` pages and a TQ3 region of the rest. ``k_buffer`` / ``v_buffer`` are the hot
+region, so SGLang's own write path stores new tokens there after ``set_kv_buffer`` translated their
+slots; new tokens always land on hot pages.
+
+Read interface for attention backends (stable):
+
+- ``page_size``, ``layout`` (TQ3PageLayout), ``codebook`` (codec Codebook)
+- ``page_table.fmt`` int8 [num_logical_pages + 1] (FMT_HOT = 0, FMT_TQ3 = 1) and
+  ``page_table.phys`` int32 [num_logical_pages + 1], indexed by logical page ``slot // page_size``
+  (logical page 0 is SGLang's padding page)
+- ``hot_k_buffer(layer_id)`` / ``hot_v_buffer(layer_id)``: [(num_hot_pages + 1) * page_size, H, D],
+  uint8 holding e4m3 bits (``hot_dtype=fp8_e4m3``) or the model dtype; physical page 0 is padding;
+  ``k_scale(layer_id)`` / ``v_scale(layer_id)``: the per-layer FP8 scales (floats)
+- ``tq3_buffer(layer_id)``: uint8 [num_tq3_pages + 1, layout.page_bytes]; ``rotation(layer_id)``
+- ``hot_slots(logical_slots)``: physical hot slots of logical slots on hot pages
+- ``note_read(logical_pages, hot_tokens=, tq3_tokens=)`` once per forward with every page it reads
+  (holds them until the forward is done, counts routes); ``note_page_scores(logical_pages, mass)``
+  once per step with each page's attention mass summed over layers, heads and queries;
+  ``note_fallback()`` / ``note_dense_shadow_bytes(n)`` if the backend ever leaves the direct path.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
+
+from sglang_minima.codec.codebook import Codebook
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.page_table import PageTable
+from sglang_minima.mem_cache.stats import MinimaStats
+from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore, split_pages
+from sglang_minima.plugin import resolve_config
+
+
+def overlap_reader_lag() -> int:
+    """1 when SGLang's overlap scheduler runs the next forward while a result is processed."""
+    from sglang.srt.runtime_context import get_schedule
+
+    try:
+        return 0 if get_schedule().disable_overlap_schedule else 1
+    except ValueError:  # no published server args (a pool built outside a scheduler)
+        return 0
+
+
+class MinimaKVPool(MHATokenToKVPool):
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, *args, **kwargs):
+        if kwargs.get("quant_method") is not None or kwargs.get("post_capture_active"):
+            raise ValueError("Minima-KV does not combine with a KV quant recipe or post-capture KV backing")
+        if page_size <= 1:
+            raise ValueError("Minima-KV needs --page-size > 1 (pages are its unit of conversion)")
+        self.minima_config: MinimaConfig = resolve_config()
+        hot_dtype = torch.float8_e4m3fn if self.minima_config.hot_dtype == "fp8_e4m3" else dtype
+        super().__init__(size, page_size, hot_dtype, *args, **kwargs)
+
+    def _create_buffers(self) -> None:
+        if self.v_head_dim != self.head_dim or self.kv_cache_layout != "nhd":
+            raise ValueError(
+                f"Minima-KV needs equal K/V head dims and the NHD layout, got "
+                f"{self.head_dim}/{self.v_head_dim}, {self.kv_cache_layout}"
+            )
+        cfg = self.minima_config
+        num_logical = self.size // self.page_size
+        num_hot = num_logical if cfg.disable_stale else split_pages(num_logical, cfg.fp8_page_fraction)
+        shape = StoreShape(
+            num_logical_pages=num_logical,
+            num_hot_pages=num_hot,
+            page_size=self.page_size,
+            num_layers=self.layer_num,
+            num_kv_heads=self.head_num,
+            head_dim=self.head_dim,
+            hot_dtype=self.dtype,
+        )
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            self.store = TieredPageStore(
+                shape,
+                device=self.device,
+                rotation_seed=cfg.rotation_seed,
+                reader_lag=overlap_reader_lag(),
+                first_layer_id=self.start_layer,
+            )
+        self.k_buffer, self.v_buffer = self.store.hot_k, self.store.hot_v
+        self.k_scale_buffer = self.v_scale_buffer = None
+        self.native_k_scale_buffer = self.native_v_scale_buffer = None
+        self.dq_k_buffer = self.dq_v_buffer = None
+        # Slot-row transfer descriptors (PD, VMM backing) assume one buffer row per logical slot.
+        self._kv_buffer_descs = ()
+        self._init_data_ptrs_and_strides()
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """Allocated bytes, K side and V side: hot buffers plus each side's share of the TQ3 pages."""
+        layout, n = self.layout, self.store.shape.num_tq3_pages + 1
+        hot = self.store.hot_k[0].numel() * self.store.hot_k[0].element_size() if self.layer_num else 0
+        k_tq3 = layout.code_bytes + layout.meta_bytes
+        v_tq3 = layout.page_bytes - k_tq3
+        return self.layer_num * (hot + n * k_tq3), self.layer_num * (hot + n * v_tq3)
+
+    def set_kv_buffer(
+        self,
+        layer,
+        loc_info,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        layer_id_override: Optional[int] = None,
+        dcp_kv_mask: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Write new tokens of logical slots ``loc`` into their hot pages."""
+        loc, _, _ = unwrap_write_loc(loc_info)
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        local = layer_id - self.start_layer
+        if k_scale is not None:
+            self.store.k_scales[local] = float(k_scale)
+        if v_scale is not None:
+            self.store.v_scales[local] = float(v_scale)
+        if local == 0:
+            self.store.page_table.note_written(loc.to(torch.int64))
+        super().set_kv_buffer(
+            layer, self.store.page_table.hot_slots(loc), cache_k, cache_v,
+            k_scale, v_scale, layer_id_override, dcp_kv_mask,
+        )
+
+    # ---------------------------------------------------------------- read interface
+
+    @property
+    def page_table(self) -> PageTable:
+        return self.store.page_table
+
+    @property
+    def layout(self) -> TQ3PageLayout:
+        return self.store.layout
+
+    @property
+    def codebook(self) -> Codebook:
+        return self.store.codebook
+
+    @property
+    def stats(self) -> MinimaStats:
+        return self.store.stats
+
+    def hot_k_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.store.hot_k[layer_id - self.start_layer]
+
+    def hot_v_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.store.hot_v[layer_id - self.start_layer]
+
+    def k_scale(self, layer_id: int) -> float:
+        return self.store.k_scales[layer_id - self.start_layer]
+
+    def v_scale(self, layer_id: int) -> float:
+        return self.store.v_scales[layer_id - self.start_layer]
+
+    def tq3_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.store.tq3[layer_id - self.start_layer]
+
+    def rotation(self, layer_id: int) -> LayerRotation:
+        return self.store.rotations[layer_id - self.start_layer]
+
+    def hot_slots(self, logical_slots: torch.Tensor) -> torch.Tensor:
+        return self.store.page_table.hot_slots(logical_slots)
+
+    def note_read(self, logical_pages: torch.Tensor, *, hot_tokens: int = 0, tq3_tokens: int = 0) -> None:
+        self.store.note_read(logical_pages, hot_tokens=hot_tokens, tq3_tokens=tq3_tokens)
+
+    def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor) -> None:
+        self.store.note_page_scores(logical_pages, mass, self.minima_config.score_ewma)
+
+    def note_fallback(self, n: int = 1) -> None:
+        self.store.stats.fallbacks += n
+
+    def note_dense_shadow_bytes(self, nbytes: int) -> None:
+        self.store.stats.dense_shadow_bytes = max(self.store.stats.dense_shadow_bytes, nbytes)

@@ -1,0 +1,89 @@
+"""The Minima page table: logical page -> (format, physical page), plus per-page lifecycle facts.
+
+SGLang's slot ids stay logical; ``slot // page_size`` is a logical page. Logical page 0 is SGLang's
+padding page (dummy writes land there); it maps to hot physical page 0, which is padding too.
+Every tensor is indexed by logical page id, ``[num_logical_pages + 1]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FMT_HOT = 0
+"""Recent/Anchor pages: FP8 e4m3 (or the model dtype with ``hot_dtype=auto``)."""
+FMT_TQ3 = 1
+"""Stale pages: TQ3P packed."""
+
+TIER_NONE = 0
+"""Not held by a live request (cached prefix only) or not classified yet."""
+TIER_STALE = 1
+TIER_ANCHOR = 2
+TIER_RECENT = 3
+TIER_NAMES = {TIER_NONE: "cached", TIER_STALE: "stale", TIER_ANCHOR: "anchor", TIER_RECENT: "recent"}
+
+UNMAPPED = 0
+"""``phys`` of a logical page with no physical page (free, or the padding page)."""
+
+
+class PageTable:
+    """Logical page -> (fmt, phys), and what the controller needs to know about each page.
+
+    ``fmt`` / ``phys`` are the read interface of attention backends. The rest is lifecycle state:
+    ``fill`` (tokens written; a page with ``fill == page_size`` is sealed: full and immutable),
+    ``tier`` (the controller's last classification), ``birth`` (the step the page was mapped, for
+    age order) and ``score`` (EWMA of the page's globally normalized attention mass).
+    """
+
+    def __init__(self, num_logical_pages: int, page_size: int, device: torch.device | str = "cpu"):
+        n = num_logical_pages + 1
+        self.num_logical_pages = num_logical_pages
+        self.page_size = page_size
+        self.fmt = torch.full((n,), FMT_HOT, dtype=torch.int8, device=device)
+        self.phys = torch.zeros(n, dtype=torch.int32, device=device)
+        self.fill = torch.zeros(n, dtype=torch.int32, device=device)
+        self.tier = torch.zeros(n, dtype=torch.int8, device=device)
+        self.birth = torch.zeros(n, dtype=torch.int64, device=device)
+        self.score = torch.zeros(n, dtype=torch.float32, device=device)
+
+    @property
+    def mapped(self) -> torch.Tensor:
+        """bool [n]: logical pages backed by a physical page."""
+        return self.phys != UNMAPPED
+
+    @property
+    def sealed(self) -> torch.Tensor:
+        """bool [n]: mapped pages whose every slot has been written."""
+        return self.mapped & (self.fill == self.page_size)
+
+    def map(self, pages: torch.Tensor, fmt: int, phys: torch.Tensor, step: int) -> None:
+        """Bind freshly allocated logical pages to physical pages (nothing written yet)."""
+        self.fmt[pages] = fmt
+        self.phys[pages] = phys.to(torch.int32)
+        self.fill[pages] = 0
+        self.tier[pages] = TIER_RECENT
+        self.birth[pages] = step
+        self.score[pages] = 0.0
+
+    def publish(self, pages: torch.Tensor, fmt: int, phys: torch.Tensor) -> None:
+        """Point already-mapped logical pages at a new (format, physical page): one conversion's commit."""
+        self.fmt[pages] = fmt
+        self.phys[pages] = phys.to(torch.int32)
+
+    def unmap(self, pages: torch.Tensor) -> None:
+        self.fmt[pages] = FMT_HOT
+        self.phys[pages] = UNMAPPED
+        self.fill[pages] = 0
+        self.tier[pages] = TIER_NONE
+        self.score[pages] = 0.0
+
+    def note_written(self, slots: torch.Tensor) -> None:
+        """Record writes to logical slots (pages fill in order, so fill = max offset + 1)."""
+        pages = torch.div(slots, self.page_size, rounding_mode="floor")
+        ends = (slots - pages * self.page_size + 1).to(torch.int32)
+        self.fill.scatter_reduce_(0, pages, ends, reduce="amax")
+
+    def hot_slots(self, logical_slots: torch.Tensor) -> torch.Tensor:
+        """Physical slots in the hot buffers of logical slots on hot pages (int64)."""
+        slots = logical_slots.to(torch.int64)
+        pages = torch.div(slots, self.page_size, rounding_mode="floor")
+        return self.phys[pages].to(torch.int64) * self.page_size + (slots - pages * self.page_size)

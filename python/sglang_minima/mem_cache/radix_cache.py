@@ -1,0 +1,88 @@
+"""MinimaRadixCache: SGLang's UnifiedRadixCache plus Minima's per-step lifecycle work.
+
+The tree itself is SGLang's, unchanged: it keys logical pages, and a sealed (full) page it holds is
+immutable and shared by every prefix hit in whatever format it is in. A request continuing after a
+hit always writes a new Recent FP8 page (SGLang matches whole pages only), so sharing is
+copy-on-write by construction. Eviction frees logical pages through the allocator, which drops
+only the mapping reference; readers and conversions keep their own.
+
+What this class adds:
+- it remembers the requests it matched, so the controller can see each live request's pages in
+  sequence order (``req_to_token`` row, ``kv_allocated_len``);
+- ``flush_pending_backups`` (called once per scheduler step, after the step's result) ends the
+  step's reader epoch and runs ``LifecycleController.tick``;
+- prefix hits by format: the formats of the pages a request was matched to when it was admitted.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
+from sglang_minima.mem_cache.memory_report import memory_report
+from sglang_minima.mem_cache.page_table import FMT_TQ3
+from sglang_minima.metrics import get_minima_metrics, scheduler_metric_labels
+
+
+class MinimaRadixCache(UnifiedRadixCache):
+    def __init__(self, params: CacheInitParams):
+        super().__init__(params)
+        allocator = params.token_to_kv_pool_allocator
+        if not isinstance(allocator, MinimaPagedAllocator):
+            raise TypeError(
+                f"--radix-cache-backend minima needs MinimaPagedAllocator, got {type(allocator).__name__} "
+                "(is --page-size > 1 and sglang_minima's plugin registered?)"
+            )
+        self.minima = allocator
+        self._requests: weakref.WeakSet = weakref.WeakSet()
+        # Hit pages (hot, tq3) of a request's latest match, counted once it is admitted.
+        self._pending_hits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.minima_metrics = get_minima_metrics(scheduler_metric_labels()) if params.enable_metrics else None
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        result = super().match_prefix(params)
+        req = params.req
+        if req is not None:
+            self._requests.add(req)
+            pages = self._matched_pages(result)
+            tq3 = int((self.minima.kv_pool.page_table.fmt[pages] == FMT_TQ3).sum())
+            self._pending_hits[req] = (pages.numel() - tq3, tq3)
+        return result
+
+    def _matched_pages(self, result: MatchResult) -> torch.Tensor:
+        if result.device_prefix_len == 0:
+            return torch.empty(0, dtype=torch.int64)
+        slots = self.path_device_indices(result.last_device_node)[: result.device_prefix_len]
+        return slots[:: self.page_size].to(torch.int64) // self.page_size
+
+    def on_release(self, req, *, checkpointed: bool) -> None:
+        super().on_release(req, checkpointed=checkpointed)
+        self._requests.discard(req)
+
+    def flush_pending_backups(self) -> None:
+        super().flush_pending_backups()
+        store = self.minima.kv_pool.store
+        store.end_step()
+        self.minima.controller.tick(self.live_sequences())
+        if self.minima_metrics is not None:
+            self.minima_metrics.update(memory_report(store), store.stats)
+
+    def live_sequences(self) -> list[torch.Tensor]:
+        """Logical pages of every request holding KV, in sequence order."""
+        stats = self.minima.kv_pool.stats
+        sequences = []
+        for req in list(self._requests):
+            if not req.kv.holds_kv or req.kv.kv_allocated_len == 0:
+                continue
+            hits = self._pending_hits.pop(req, None)
+            if hits is not None:
+                stats.prefix_hit_hot_pages += hits[0]
+                stats.prefix_hit_tq3_pages += hits[1]
+            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len]
+            sequences.append(row[:: self.page_size].to(torch.int64) // self.page_size)
+        return sequences

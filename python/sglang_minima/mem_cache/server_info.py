@@ -1,0 +1,32 @@
+"""The ``minima`` section of /server_info (the plugin's AFTER hook on get_internal_state calls this)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
+from sglang_minima.mem_cache.memory_report import memory_report
+
+
+def minima_server_info(scheduler) -> dict[str, Any]:
+    """Pages and bytes per tier, lifecycle and route counters of this scheduler's Minima pool."""
+    allocator = scheduler.token_to_kv_pool_allocator
+    if not isinstance(allocator, MinimaPagedAllocator):
+        return {"active": False}
+    store = allocator.kv_pool.store
+    shape = store.shape
+    return {
+        "active": True,
+        "pool": {
+            "logical_pages": shape.num_logical_pages,
+            "fp8_pages": shape.num_hot_pages,
+            "tq3_pages": shape.num_tq3_pages,
+            "page_size": shape.page_size,
+            "hot_dtype": str(shape.hot_dtype).removeprefix("torch."),
+            "tq3_page_bytes_per_layer": store.layout.page_bytes,
+            "reader_lag": store.readers.lag,
+            "step": store.step,
+        },
+        "memory": memory_report(store).as_dict(),
+        "stats": store.stats.as_dict(),
+    }

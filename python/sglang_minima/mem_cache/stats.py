@@ -1,0 +1,42 @@
+"""Counters of Minima's page lifecycle and attention routes (cumulative since start)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class ConversionStats:
+    """One direction of conversion (FP8 -> TQ3 retier, or TQ3 -> FP8 promotion)."""
+
+    batches: int = 0
+    pages: int = 0
+    seconds: float = 0.0
+    failed_pages: int = 0
+
+    def record(self, pages: int, seconds: float) -> None:
+        self.batches += 1
+        self.pages += pages
+        self.seconds += seconds
+
+
+@dataclass
+class MinimaStats:
+    retier: ConversionStats = dataclasses.field(default_factory=ConversionStats)
+    promote: ConversionStats = dataclasses.field(default_factory=ConversionStats)
+    pressure_retier_pages: int = 0
+    """Pages converted at allocation time because no FP8 page was free (included in retier)."""
+    route_hot_pages: int = 0
+    route_hot_tokens: int = 0
+    route_tq3_pages: int = 0
+    route_tq3_tokens: int = 0
+    fallbacks: int = 0
+    """Attention calls that left the direct per-format path (must stay 0)."""
+    dense_shadow_bytes: int = 0
+    """Largest dense copy of compressed pages ever materialized (must stay 0)."""
+    prefix_hit_hot_pages: int = 0
+    prefix_hit_tq3_pages: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)

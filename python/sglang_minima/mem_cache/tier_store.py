@@ -1,0 +1,251 @@
+"""TieredPageStore: the physical side of Minima-KV, with no SGLang import.
+
+It owns the page table, the two physical pools with their reference counts, the reader epochs,
+the hot (FP8) and TQ3 buffers of every layer, and the conversions between the two formats.
+``MinimaKVPool`` wraps one store inside SGLang; tests drive a store directly.
+
+Ownership (see README.md): SGLang owns logical pages (request rows, tree, locks). A logical page
+mapped here holds one reference on its physical page; readers and conversions add their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from sglang_minima.codec.codebook import Codebook, tq3_codebook
+from sglang_minima.codec.fp8 import fp8_quantize
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
+from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
+from sglang_minima.mem_cache.reader_holds import ReaderHolds
+from sglang_minima.mem_cache.stats import ConversionStats, MinimaStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreShape:
+    """What a store holds: logical capacity, the FP8/TQ3 split and the KV geometry."""
+
+    num_logical_pages: int
+    num_hot_pages: int
+    page_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hot_dtype: torch.dtype
+    """Logical dtype of hot pages: torch.float8_e4m3fn, or the model dtype."""
+
+    @property
+    def num_tq3_pages(self) -> int:
+        return self.num_logical_pages - self.num_hot_pages
+
+    @property
+    def hot_store_dtype(self) -> torch.dtype:
+        """FP8 is stored as uint8 bit patterns, as SGLang does (index_put has no fp8 kernel)."""
+        return torch.uint8 if self.hot_dtype == torch.float8_e4m3fn else self.hot_dtype
+
+    @property
+    def layout(self) -> TQ3PageLayout:
+        return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim)
+
+
+def split_pages(num_logical_pages: int, fp8_page_fraction: float) -> int:
+    """FP8 physical pages for a logical capacity: round(fraction * L), at least 1."""
+    return min(num_logical_pages, max(1, round(fp8_page_fraction * num_logical_pages)))
+
+
+class TieredPageStore:
+    def __init__(
+        self,
+        shape: StoreShape,
+        *,
+        device: torch.device | str = "cpu",
+        rotation_seed: int = 0,
+        reader_lag: int = 0,
+        first_layer_id: int = 0,
+    ):
+        self.shape = shape
+        self.page_size = shape.page_size
+        self.layout = shape.layout
+        self.device = torch.device(device)
+        self.page_table = PageTable(shape.num_logical_pages, shape.page_size, self.device)
+        self.hot_pool = PhysicalPagePool(shape.num_hot_pages, "hot")
+        self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3")
+        self.readers = ReaderHolds(self.hot_pool, self.tq3_pool, reader_lag)
+        self.stats = MinimaStats()
+        rows = (shape.num_hot_pages + 1) * shape.page_size
+        hot = shape.hot_store_dtype
+        self.hot_k = [self._zeros((rows, shape.num_kv_heads, shape.head_dim), hot) for _ in range(shape.num_layers)]
+        self.hot_v = [self._zeros((rows, shape.num_kv_heads, shape.head_dim), hot) for _ in range(shape.num_layers)]
+        self.tq3 = [
+            self._zeros((shape.num_tq3_pages + 1, self.layout.page_bytes), torch.uint8)
+            for _ in range(shape.num_layers)
+        ]
+        self.k_scales = [1.0] * shape.num_layers
+        self.v_scales = [1.0] * shape.num_layers
+        self.rotations = [
+            LayerRotation(shape.num_kv_heads, shape.head_dim, first_layer_id + i, rotation_seed, self.device)
+            for i in range(shape.num_layers)
+        ]
+        self.codebook: Codebook = tq3_codebook(shape.head_dim).to(self.device)
+
+    def _zeros(self, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(size, dtype=dtype, device=self.device)
+
+    @property
+    def step(self) -> int:
+        return self.readers.epoch
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.shape.hot_dtype == torch.float8_e4m3fn
+
+    # ---------------------------------------------------------------- logical lifecycle
+
+    def map_new(self, pages: torch.Tensor) -> None:
+        """Back newly allocated logical pages with hot pages (the caller reserved them)."""
+        if pages.numel() == 0:
+            return
+        phys = self.hot_pool.alloc(pages.numel())
+        if phys is None:
+            raise RuntimeError(
+                f"no free hot page for {pages.numel()} new logical pages ({self.hot_pool.num_free} free)"
+            )
+        self.page_table.map(pages.to(self.device), FMT_HOT, phys.to(self.device), self.step)
+
+    def unmap(self, pages: torch.Tensor) -> None:
+        """SGLang freed these logical pages: drop each one's mapping reference."""
+        pages = pages.to(self.device)
+        fmt = self.page_table.fmt[pages]
+        phys = self.page_table.phys[pages]
+        if bool((phys == 0).any()):
+            raise RuntimeError("free of a logical page that is not mapped (double free)")
+        self.hot_pool.release(phys[fmt == FMT_HOT])
+        self.tq3_pool.release(phys[fmt == FMT_TQ3])
+        self.page_table.unmap(pages)
+
+    def reset(self) -> None:
+        """Every logical page was freed at once (SGLang's allocator clear)."""
+        self.readers.reset()
+        self.hot_pool.reset()
+        self.tq3_pool.reset()
+        self.page_table.unmap(torch.arange(self.page_table.num_logical_pages + 1, device=self.device))
+
+    # ---------------------------------------------------------------- readers and scores
+
+    def note_read(self, logical_pages: torch.Tensor, *, hot_tokens: int = 0, tq3_tokens: int = 0) -> None:
+        """A forward reads these logical pages: hold their physical pages until it is done."""
+        pages = logical_pages.to(device=self.device, dtype=torch.int64)
+        pages = pages[self.page_table.phys[pages] != 0]
+        fmt = self.page_table.fmt[pages]
+        phys = self.page_table.phys[pages]
+        hot, tq3 = phys[fmt == FMT_HOT], phys[fmt == FMT_TQ3]
+        self.readers.note(hot, tq3)
+        self.stats.route_hot_pages += int(hot.numel())
+        self.stats.route_tq3_pages += int(tq3.numel())
+        self.stats.route_hot_tokens += hot_tokens
+        self.stats.route_tq3_tokens += tq3_tokens
+
+    def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor, decay: float) -> None:
+        """Paper Eq. 6-9: s <- decay * s + (1 - decay) * m / sum(m), over all pages, once per step."""
+        total = float(mass.sum())
+        score = self.page_table.score
+        score.mul_(decay)
+        if total > 0:
+            pages = logical_pages.to(device=self.device, dtype=torch.int64)
+            score.index_add_(0, pages, (1.0 - decay) * mass.to(self.device, torch.float32) / total)
+
+    def end_step(self) -> None:
+        self.readers.end_step()
+
+    # ---------------------------------------------------------------- conversions
+
+    def hot_convertible(self) -> torch.Tensor:
+        """bool [n]: sealed hot pages (full, immutable, not the page being written)."""
+        pt = self.page_table
+        return pt.sealed & (pt.fmt == FMT_HOT)
+
+    def retier(self, pages: torch.Tensor) -> int:
+        """FP8 -> TQ3 for sealed hot logical pages, one batched encode per layer; returns pages converted."""
+        pages = pages.to(device=self.device, dtype=torch.int64)
+        pages = pages[self.hot_convertible()[pages]]
+        return self._convert(pages, self.hot_pool, self.tq3_pool, FMT_TQ3, self._encode_layer, self.stats.retier)
+
+    def promote(self, pages: torch.Tensor) -> int:
+        """TQ3 -> FP8 for mapped TQ3 logical pages (decode, un-rotate, re-quantize); returns pages promoted."""
+        pages = pages.to(device=self.device, dtype=torch.int64)
+        pt = self.page_table
+        pages = pages[pt.mapped[pages] & (pt.fmt[pages] == FMT_TQ3)]
+        return self._convert(pages, self.tq3_pool, self.hot_pool, FMT_HOT, self._decode_layer, self.stats.promote)
+
+    def _convert(
+        self,
+        pages: torch.Tensor,
+        src_pool: PhysicalPagePool,
+        dst_pool: PhysicalPagePool,
+        dst_fmt: int,
+        copy_layer: Callable[[int, torch.Tensor, torch.Tensor], None],
+        stats: ConversionStats,
+    ) -> int:
+        """Copy before publish: retain the sources, allocate and fill the destinations layer by
+        layer, publish the new (format, id), then drop the sources' mapping and conversion
+        references. A failure leaves every page where it was."""
+        pages = pages[: dst_pool.num_free]
+        n = int(pages.numel())
+        if n == 0:
+            return 0
+        start = time.perf_counter()
+        src = self.page_table.phys[pages].to(torch.int64)
+        src_pool.retain(src)
+        dst = dst_pool.alloc(n)
+        try:
+            for layer in range(self.shape.num_layers):
+                copy_layer(layer, src, dst.to(self.device))
+        except Exception:
+            logger.exception("Minima: converting %d pages to format %d failed; they keep their format", n, dst_fmt)
+            dst_pool.release(dst)
+            src_pool.release(src)
+            stats.failed_pages += n
+            return 0
+        self.page_table.publish(pages, dst_fmt, dst.to(self.device))
+        src_pool.release(src)  # the logical pages' mappings moved to dst
+        src_pool.release(src)  # the conversion is done
+        stats.record(n, time.perf_counter() - start)
+        return n
+
+    def _encode_layer(self, layer: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        k, v = self._hot_pages(layer, src)
+        k_scale, v_scale = (self.k_scales[layer], self.v_scales[layer]) if self.is_fp8 else (None, None)
+        self.tq3[layer][dst] = encode_pages(
+            k, v, self.layout, self.rotations[layer], self.codebook, k_scale=k_scale, v_scale=v_scale
+        )
+
+    def _decode_layer(self, layer: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        k_rot, v_rot = decode_pages(self.tq3[layer][src], self.layout, self.codebook)
+        rotation = self.rotations[layer]
+        self._store_hot_pages(layer, dst, to_original_space(k_rot, rotation), to_original_space(v_rot, rotation))
+
+    def _hot_pages(self, layer: int, phys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hot pages of one layer as [N, H, P, D] (store dtype)."""
+        s = self.shape
+        idx = phys.to(self.device)
+        k = self.hot_k[layer].view(s.num_hot_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)[idx]
+        v = self.hot_v[layer].view(s.num_hot_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)[idx]
+        return k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+
+    def _store_hot_pages(self, layer: int, phys: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write [N, H, P, D] float pages into hot pages, quantized as set_kv_buffer would."""
+        s = self.shape
+        idx = phys.to(self.device)
+        for buf, x, scale in ((self.hot_k, k, self.k_scales), (self.hot_v, v, self.v_scales)):
+            x = x.permute(0, 2, 1, 3)
+            stored = fp8_quantize(x, scale[layer]) if self.is_fp8 else x.to(s.hot_dtype)
+            buf[layer].view(s.num_hot_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)[idx] = stored

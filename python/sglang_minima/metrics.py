@@ -1,0 +1,116 @@
+"""Prometheus metrics ``sglang:minima_*``, created in the scheduler process with SGLang's labels.
+
+Gauges use ``multiprocess_mode="mostrecent"`` like SGLang's scheduler gauges; cumulative counts are
+Counters fed with the increase since the last update. Names:
+
+- ``sglang:minima_pages{tier}`` and ``sglang:minima_bytes{tier,kind}`` (kind payload/metadata/padding)
+  for tier in recent, anchor, fp8_other, stale, held_fp8, held_tq3, free_fp8, free_tq3, padding
+- ``sglang:minima_live_tokens``, ``sglang:minima_bytes_per_live_token``, ``sglang:minima_dense_shadow_bytes``
+- ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
+  ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
+  (direction retier = FP8 -> TQ3, promote = TQ3 -> FP8), ``sglang:minima_pressure_retier_pages_total``
+- ``sglang:minima_route_pages_total{format}``, ``sglang:minima_route_tokens_total{format}`` (format fp8/tq3)
+- ``sglang:minima_fallbacks_total``, ``sglang:minima_prefix_hit_pages_total{format}``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_minima.mem_cache.memory_report import MemoryReport
+from sglang_minima.mem_cache.stats import MinimaStats
+
+_metrics: MinimaMetrics | None = None
+
+
+def scheduler_metric_labels() -> dict[str, Any]:
+    """The labels of SGLang's SchedulerMetricsCollector (observability/metrics_collector.py)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.runtime_context import get_disagg, get_observability, get_parallel, get_serving
+
+    parallel = get_parallel()
+    engine_type = (
+        "dynamic"
+        if get_disagg().enable_pd_role_switch
+        else DisaggregationMode.to_engine_type(get_disagg().disaggregation_mode)
+    )
+    labels: dict[str, Any] = {
+        "model_name": get_serving().served_model_name,
+        "engine_type": engine_type,
+        "tp_rank": parallel.tp_rank,
+        "pp_rank": parallel.pp_rank,
+        "moe_ep_rank": parallel.moe_ep_rank,
+    }
+    if parallel.dp_rank is not None:
+        labels["dp_rank"] = parallel.dp_rank
+    labels.update(get_observability().extra_metric_labels or {})
+    return labels
+
+
+def get_minima_metrics(labels: dict[str, Any]) -> MinimaMetrics:
+    """The process's metrics (a Prometheus name can be registered once per process)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = MinimaMetrics(labels)
+    return _metrics
+
+
+class MinimaMetrics:
+    def __init__(self, labels: dict[str, Any]):
+        from prometheus_client import Counter, Gauge
+
+        self.labels = {k: str(v) for k, v in labels.items()}
+        names = list(self.labels)
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(f"sglang:minima_{name}", doc, labelnames=names + list(extra), multiprocess_mode="mostrecent")
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"sglang:minima_{name}", doc, labelnames=names + list(extra))
+
+        self.pages = gauge("pages", "Physical KV pages per Minima tier or state.", ("tier",))
+        self.bytes = gauge("bytes", "KV bytes per Minima tier or state (payload, metadata, padding).", ("tier", "kind"))
+        self.live_tokens = gauge("live_tokens", "Tokens held in mapped KV pages.")
+        self.bytes_per_live_token = gauge("bytes_per_live_token", "KV bytes of mapped pages per live token.")
+        self.dense_shadow_bytes = gauge("dense_shadow_bytes", "Largest dense copy of compressed pages (0).")
+        self.conversions = counter("conversions", "Batched page conversions.", ("direction",))
+        self.conversion_pages = counter("conversion_pages", "Pages converted.", ("direction",))
+        self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
+        self.conversion_failed_pages = counter("conversion_failed_pages", "Pages whose conversion failed.", ("direction",))
+        self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no FP8 page was free.")
+        self.route_pages = counter("route_pages", "Pages attended per format.", ("format",))
+        self.route_tokens = counter("route_tokens", "Tokens attended per format.", ("format",))
+        self.fallbacks = counter("fallbacks", "Attention calls off the direct per-format path (0).")
+        self.prefix_hit_pages = counter("prefix_hit_pages", "Prefix-cache hit pages by format.", ("format",))
+        self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
+
+    def update(self, report: MemoryReport, stats: MinimaStats) -> None:
+        for tier, usage in report.rows().items():
+            self.pages.labels(**self.labels, tier=tier).set(usage.pages)
+            for kind in ("payload", "metadata", "padding"):
+                self.bytes.labels(**self.labels, tier=tier, kind=kind).set(getattr(usage, f"{kind}_bytes"))
+        self.live_tokens.labels(**self.labels).set(report.live_tokens)
+        self.bytes_per_live_token.labels(**self.labels).set(report.bytes_per_live_token)
+        self.dense_shadow_bytes.labels(**self.labels).set(stats.dense_shadow_bytes)
+        for direction, conv in (("retier", stats.retier), ("promote", stats.promote)):
+            self._advance(self.conversions, conv.batches, direction=direction)
+            self._advance(self.conversion_pages, conv.pages, direction=direction)
+            self._advance(self.conversion_seconds, conv.seconds, direction=direction)
+            self._advance(self.conversion_failed_pages, conv.failed_pages, direction=direction)
+        self._advance(self.pressure_retier_pages, stats.pressure_retier_pages)
+        for fmt, pages, tokens, hits in (
+            ("fp8", stats.route_hot_pages, stats.route_hot_tokens, stats.prefix_hit_hot_pages),
+            ("tq3", stats.route_tq3_pages, stats.route_tq3_tokens, stats.prefix_hit_tq3_pages),
+        ):
+            self._advance(self.route_pages, pages, format=fmt)
+            self._advance(self.route_tokens, tokens, format=fmt)
+            self._advance(self.prefix_hit_pages, hits, format=fmt)
+        self._advance(self.fallbacks, stats.fallbacks)
+
+    def _advance(self, counter, total: float, **extra: str) -> None:
+        """Counters only go up: add what the cumulative stat gained since the last update."""
+        key = (id(counter), tuple(sorted(extra.items())))
+        gained = total - self._reported.get(key, 0.0)
+        if gained > 0:
+            counter.labels(**self.labels, **extra).inc(gained)
+            self._reported[key] = total

@@ -1,0 +1,65 @@
+"""Build small tiered stores and write/read their pages the way SGLang and the backend do."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
+from sglang_minima.codec.tq3 import decode_pages, to_original_space
+from sglang_minima.mem_cache.page_table import FMT_HOT
+from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore
+
+PS = 4
+HEADS = 2
+DIM = 16
+LAYERS = 2
+
+
+def make_store(num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True, reader_lag: int = 0) -> TieredPageStore:
+    shape = StoreShape(
+        num_logical_pages=num_logical,
+        num_hot_pages=num_hot,
+        page_size=PS,
+        num_layers=LAYERS,
+        num_kv_heads=HEADS,
+        head_dim=DIM,
+        hot_dtype=torch.float8_e4m3fn if fp8 else torch.float32,
+    )
+    return TieredPageStore(shape, reader_lag=reader_lag)
+
+
+def write_tokens(store: TieredPageStore, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What MinimaKVPool.set_kv_buffer does for every layer: logical slots -> hot slots, FP8 cast."""
+    store.page_table.note_written(slots)
+    hot = store.page_table.hot_slots(slots)
+    for layer in range(store.shape.num_layers):
+        for buf, x in ((store.hot_k, k[layer]), (store.hot_v, v[layer])):
+            buf[layer][hot] = fp8_quantize(x) if store.is_fp8 else x.to(buf[layer].dtype)
+
+
+def read_page(store: TieredPageStore, page: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One logical page of one layer as float [P, H, D] in the original space, from its current format."""
+    pt = store.page_table
+    phys = int(pt.phys[page])
+    if int(pt.fmt[page]) == FMT_HOT:
+        rows = slice(phys * PS, (phys + 1) * PS)
+        k, v = store.hot_k[layer][rows], store.hot_v[layer][rows]
+        if store.is_fp8:
+            return fp8_dequantize(k), fp8_dequantize(v)
+        return k.float(), v.float()
+    k_rot, v_rot = decode_pages(store.tq3[layer][phys : phys + 1], store.layout, store.codebook)
+    rot = store.rotations[layer]
+    return (
+        to_original_space(k_rot, rot)[0].permute(1, 0, 2),
+        to_original_space(v_rot, rot)[0].permute(1, 0, 2),
+    )
+
+
+def random_kv(n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V [layers, n, H, D]."""
+    shape = (LAYERS, n, HEADS, DIM)
+    return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-6))

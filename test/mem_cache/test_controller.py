@@ -1,0 +1,99 @@
+"""LifecycleController: tiers, the per-step tick and the pressure path."""
+
+import torch
+
+from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.controller import LifecycleController
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
+from store_helpers import PS, make_store, random_kv, write_tokens
+
+
+def _request(store, pages, tokens=None):
+    """Map ``pages`` and write ``tokens`` tokens into them (all, by default)."""
+    pages = torch.tensor(pages)
+    store.map_new(pages)
+    n = pages.numel() * PS if tokens is None else tokens
+    slots = (pages[:, None] * PS + torch.arange(PS)).flatten()[:n]
+    write_tokens(store, slots, *random_kv(n))
+    return pages
+
+
+def test_classify_recent_sink_budget_and_shared_pages():
+    store = make_store(num_logical=20, num_hot=20)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=1))
+    a = torch.tensor([1, 2, 3, 4, 5, 6])
+    b = torch.tensor([1, 2, 9])  # shares the first two pages with a
+    tiers = ctl.classify([a, b])
+    assert tiers[a].tolist() == [TIER_ANCHOR, TIER_RECENT, TIER_STALE, TIER_ANCHOR, TIER_RECENT, TIER_RECENT]
+    assert tiers[9] == TIER_RECENT and tiers[7] == TIER_NONE
+
+
+def test_attention_score_fills_the_anchor_budget():
+    store = make_store(num_logical=20, num_hot=20)
+    ctl = LifecycleController(
+        store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, attention_score_anchors=True)
+    )
+    seq = torch.tensor([1, 2, 3, 4])
+    store.note_page_scores(torch.tensor([2, 3]), torch.tensor([5.0, 1.0]), decay=0.0)
+    assert ctl.classify([seq])[seq].tolist() == [TIER_STALE, TIER_ANCHOR, TIER_STALE, TIER_RECENT]
+
+
+def test_tick_converts_sealed_stale_pages_oldest_first_in_batches():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, retier_batch_pages=2))
+    seq = _request(store, [1, 2, 3, 4, 5, 6], tokens=6 * PS - 1)  # last page still being written
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT, FMT_HOT]
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
+
+
+def test_disable_stale_never_converts():
+    store = make_store(num_logical=8, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, disable_stale=True))
+    seq = _request(store, [1, 2, 3])
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT] * 3
+    assert not ctl.reserve_hot(store.shape.num_hot_pages + 1)
+
+
+def test_promotion_when_a_stale_page_reenters_the_anchor_budget():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(
+        store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, attention_score_anchors=True)
+    )
+    seq = _request(store, [1, 2, 3, 4])
+    store.note_page_scores(torch.tensor([1]), torch.tensor([1.0]), decay=0.0)
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    store.note_page_scores(torch.tensor([3]), torch.tensor([1.0]), decay=0.0)
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
+    assert store.stats.promote.pages == 1
+
+
+def test_pressure_converts_cached_then_anchor_then_recent_never_the_tail():
+    store = make_store(num_logical=16, num_hot=6)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=3, sink_pages=1))
+    cached = _request(store, [1])
+    seq = _request(store, [2, 3, 4, 5], tokens=4 * PS - 1)
+    store.page_table.tier.copy_(ctl.classify([seq]))  # classification without the tick's conversions
+    assert store.hot_pool.num_free == 1
+    assert ctl.reserve_hot(2)
+    assert store.page_table.fmt[cached].item() == FMT_TQ3
+    assert ctl.reserve_hot(3)
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_HOT, FMT_HOT, FMT_HOT]
+    assert ctl.reserve_hot(5)
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    assert not ctl.reserve_hot(6)  # page 5 is being written
+    assert store.stats.pressure_retier_pages == 4
+
+
+def test_cached_pages_keep_their_format_until_pressure():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0))
+    cached = _request(store, [1, 2])  # held by the tree only
+    ctl.tick([])
+    assert store.page_table.fmt[cached].tolist() == [FMT_HOT, FMT_HOT]
+    assert ctl.reserve_hot(store.hot_pool.num_free + 1)
+    assert store.page_table.fmt[cached].tolist() == [FMT_TQ3, FMT_HOT]

@@ -1,0 +1,90 @@
+"""The hooks that bring Minima's pool, allocator, cell size and radix cache into SGLang."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from sglang.srt.mem_cache.registry import get_radix_cache_factory
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.config import CONFIG_ENV, MinimaConfig
+from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
+from sglang_minima.mem_cache.hooks import (
+    cell_size_hook,
+    install_memory_hooks,
+    kv_pool_cls_hook,
+    minima_cell_size,
+    minima_radix_cache_factory,
+    paged_allocator_cls_hook,
+)
+from sglang_minima.mem_cache.kv_pool import MinimaKVPool
+
+
+def _select(monkeypatch, config: MinimaConfig | None) -> None:
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=64))
+    if config is None:
+        monkeypatch.delenv(CONFIG_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CONFIG_ENV, config.to_json())
+
+
+def test_install_registers_backend_and_hooks_once():
+    install_memory_hooks()
+    install_memory_hooks()
+    assert get_radix_cache_factory("minima") is minima_radix_cache_factory
+    targets = {t for t in HookRegistry._hooks if t.startswith("sglang.srt.platforms.interface.SRTPlatform")}
+    assert targets == {
+        "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls",
+        "sglang.srt.platforms.interface.SRTPlatform.get_paged_allocator_cls",
+    }
+    own = [h for t, hooks in HookRegistry._hooks.items() for _, h, _ in hooks if h is kv_pool_cls_hook]
+    assert len(own) == 1
+
+
+def test_pool_and_allocator_classes_only_when_selected(monkeypatch):
+    original = lambda platform, **kw: None  # noqa: E731  (the in-tree default)
+    _select(monkeypatch, None)
+    assert kv_pool_cls_hook(original, object(), kind="mha") is None
+    assert paged_allocator_cls_hook(original, object()) is None
+    _select(monkeypatch, MinimaConfig())
+    assert kv_pool_cls_hook(original, object(), kind="mha") is MinimaKVPool
+    assert kv_pool_cls_hook(original, object(), kind="mla") is None
+    assert paged_allocator_cls_hook(original, object()) is MinimaPagedAllocator
+
+
+def test_cell_size_is_the_blended_bytes_per_token(monkeypatch):
+    config = MinimaConfig(fp8_page_fraction=0.25)
+    tq3_page = TQ3PageLayout(3, 64, 64).page_bytes
+    expected = 30 * (0.25 * 2 * 3 * 64 + 0.75 * tq3_page / 64)
+    cell = minima_cell_size(config, num_kv_heads=3, head_dim=64, num_layers=30, page_size=64, model_dtype_bytes=2)
+    assert cell == int(expected) + (expected % 1 > 0)
+    assert minima_cell_size(
+        MinimaConfig(hot_dtype="auto", disable_stale=True),
+        num_kv_heads=3, head_dim=64, num_layers=30, page_size=64, model_dtype_bytes=2,
+    ) == 2 * 3 * 64 * 30 * 2  # SGLang's own bf16 cell size
+
+    kvc = SimpleNamespace(
+        use_mla_backend=False, page_size=64, kv_cache_dtype=torch.bfloat16,
+        model_config=SimpleNamespace(head_dim=64, get_num_kv_heads=lambda tp, dcp: 3),
+    )
+    sglang_cell = lambda configurator, kvc, num_layers: 2 * 3 * 64 * num_layers * 2  # noqa: E731
+    _select(monkeypatch, None)
+    assert cell_size_hook(sglang_cell, None, kvc, 30) == 2 * 3 * 64 * 30 * 2
+    _select(monkeypatch, config)
+    assert cell_size_hook(sglang_cell, None, kvc, 30) == cell
+
+
+def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch):
+    config = MinimaConfig(fp8_page_fraction=0.25)
+    _select(monkeypatch, config)
+    pages, layers = 64, 3
+    pool = MinimaKVPool(pages * 64, page_size=64, dtype=torch.bfloat16, head_num=3, head_dim=64, layer_num=layers,
+                        device="cpu", enable_memory_saver=False)
+    cell = minima_cell_size(config, num_kv_heads=3, head_dim=64, num_layers=layers, page_size=64, model_dtype_bytes=2)
+    padding = 64 * (2 * 3 * 64 + TQ3PageLayout(3, 64, 64).page_bytes / 64) * layers  # one padding page each
+    shortfall = cell * pages * 64 - (sum(pool.get_kv_size_bytes()) - padding)
+    # ceil() gives under a byte per token; round() of the FP8 page count under half a page.
+    assert 0 <= shortfall <= pages * 64 + layers * 64 * 2 * 3 * 64 / 2

@@ -1,0 +1,239 @@
+"""Property test of the page lifecycle: random append / retier / promote / seal / finish / evict /
+abort / read sequences over a tiered store, with SGLang's logical ownership modelled beside it.
+
+After every step: no physical page is leaked or doubly freed (reference counts equal mappings plus
+reader holds; free lists hold exactly the unreferenced pages), #free logical == #free FP8 +
+#free TQ3 + pages only readers still hold, every live logical page is readable, and attention over
+the mixed formats equals attention over the dense K/V up to codec error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sglang_minima.layers.attention.plan import plan_request
+from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.controller import LifecycleController
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.ops.dense import attend, causal_mask
+from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention
+from store_helpers import DIM, HEADS, LAYERS, PS, make_store, read_page, rel_err, write_tokens
+
+NUM_LOGICAL = 24
+NUM_HOT = 10
+PAGE_ERR = 0.45  # TQ3 (and TQ3 -> FP8) reconstruction error bound; a mixed-up page errs by ~1.4
+ATTN_EXACT = 1e-4  # against dense attention over each page's current reconstruction
+ATTN_ERR = 0.6  # against dense attention over the original K/V
+
+
+@dataclass
+class Request:
+    pages: list[int] = field(default_factory=list)
+    shared: int = 0  # leading pages borrowed from the tree (a prefix hit), not the request's to free
+    k: list[torch.Tensor] = field(default_factory=list)  # per token: [LAYERS, H, D]
+    v: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.k)
+
+    def slots(self) -> torch.Tensor:
+        pages = torch.tensor(self.pages, dtype=torch.int64)
+        return (pages[:, None] * PS + torch.arange(PS)).flatten()[: self.tokens]
+
+
+class Lifecycle(RuleBasedStateMachine):
+    @initialize(lag=st.integers(0, 1), anchors=st.integers(0, 3), scores=st.booleans())
+    def setup(self, lag, anchors, scores):
+        self.store = make_store(NUM_LOGICAL, NUM_HOT, reader_lag=lag)
+        self.ctl = LifecycleController(
+            self.store,
+            MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=anchors, attention_score_anchors=scores,
+                       retier_batch_pages=3),
+        )
+        self.free_logical = list(range(1, NUM_LOGICAL + 1))
+        self.reqs: dict[int, Request] = {}
+        self.tree: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # sealed cached page -> its K, V
+        self.next_id = 0
+        self.gen = torch.Generator().manual_seed(1234)
+
+    # ------------------------------------------------------------------ SGLang's side, modelled
+
+    def _alloc_pages(self, n: int) -> list[int] | None:
+        """What MinimaPagedAllocator does: logical pages, each backed by a hot page found first."""
+        if n > len(self.free_logical) or not self.ctl.reserve_hot(n):  # after a device sync, readers are done
+            return None
+        pages, self.free_logical = self.free_logical[:n], self.free_logical[n:]
+        self.store.map_new(torch.tensor(pages))
+        return pages
+
+    def _free_pages(self, pages: list[int]) -> None:
+        if pages:
+            self.store.unmap(torch.tensor(pages))
+            self.free_logical.extend(pages)
+
+    def _append(self, req: Request, n: int) -> bool:
+        room = len(req.pages) * PS - req.tokens
+        new = self._alloc_pages(max(0, -(-(n - room) // PS)))
+        if new is None:
+            return False
+        req.pages += new
+        k = torch.randn(LAYERS, n, HEADS, DIM, generator=self.gen)
+        v = torch.randn(LAYERS, n, HEADS, DIM, generator=self.gen)
+        start = req.tokens
+        req.k += list(k.unbind(1))
+        req.v += list(v.unbind(1))
+        write_tokens(self.store, req.slots()[start:], k, v)
+        return True
+
+    # ------------------------------------------------------------------ rules
+
+    @rule(n=st.integers(1, 3 * PS))
+    def new_request(self, n):
+        req = Request()
+        if self._append(req, n):
+            self.reqs[self.next_id] = req
+            self.next_id += 1
+        else:
+            self._free_pages(req.pages)
+
+    @precondition(lambda self: bool(self.tree))
+    @rule(data=st.data())
+    def prefix_hit(self, data):
+        """A new request matched cached pages: it reads them in whatever format they are in."""
+        pages = sorted(self.tree)
+        take = data.draw(st.integers(1, len(pages)))
+        req = Request(pages=pages[:take], shared=take)
+        for p in pages[:take]:
+            k, v = self.tree[p]
+            req.k += list(k.unbind(1))
+            req.v += list(v.unbind(1))
+        self.store.stats.prefix_hit_tq3_pages += int((self.store.page_table.fmt[pages[:take]] == FMT_TQ3).sum())
+        self.reqs[self.next_id] = req
+        self.next_id += 1
+
+    @precondition(lambda self: bool(self.reqs))
+    @rule(data=st.data(), n=st.integers(1, PS + 1))
+    def append(self, data, n):
+        self._append(self.reqs[data.draw(st.sampled_from(sorted(self.reqs)))], n)
+
+    @rule()
+    def step(self):
+        """One scheduler step: the forward reads every live request's pages and reports attention
+        mass; after its result, the reader epoch ends and the controller retiers / promotes."""
+        for req in self.reqs.values():
+            self._read(req)
+        self.store.end_step()
+        self.ctl.tick([torch.tensor(r.pages) for r in self.reqs.values()])
+
+    @precondition(lambda self: bool(self.reqs))
+    @rule(data=st.data())
+    def read(self, data):
+        """A forward still in flight (no step end yet) reads a request's pages."""
+        self._read(self.reqs[data.draw(st.sampled_from(sorted(self.reqs)))])
+
+    def _read(self, req: Request) -> None:
+        pages = torch.tensor(req.pages)
+        self.store.note_read(pages)
+        self.store.note_page_scores(pages, torch.rand(pages.numel(), generator=self.gen), decay=0.5)
+
+    @precondition(lambda self: bool(self.reqs))
+    @rule(data=st.data())
+    def finish(self, data):
+        """Seal: the tree keeps the request's full pages; the partial tail is freed."""
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        req = self.reqs.pop(rid)
+        full = req.tokens // PS
+        for i, p in enumerate(req.pages[req.shared:full], start=req.shared):
+            tok = slice(i * PS, (i + 1) * PS)
+            self.tree[p] = (torch.stack(req.k[tok], 1), torch.stack(req.v[tok], 1))
+        self._free_pages(req.pages[max(full, req.shared):])
+
+    @precondition(lambda self: bool(self.reqs))
+    @rule(data=st.data())
+    def abort(self, data):
+        req = self.reqs.pop(data.draw(st.sampled_from(sorted(self.reqs))))
+        self._free_pages(req.pages[req.shared:])
+
+    @precondition(lambda self: bool(self.tree))
+    @rule(n=st.integers(1, 4))
+    def evict(self, n):
+        """Tree eviction: cached pages no live request holds (the tree's LRU, here oldest first)."""
+        held = {p for r in self.reqs.values() for p in r.pages[: r.shared]}
+        victims = [p for p in sorted(self.tree) if p not in held][:n]
+        for p in victims:
+            del self.tree[p]
+        self._free_pages(victims)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def no_leaked_or_doubly_freed_page(self):
+        store = self.store
+        pt = store.page_table
+        mapped = pt.mapped
+        for pool, fmt in ((store.hot_pool, FMT_HOT), (store.tq3_pool, FMT_TQ3)):
+            expected = torch.zeros_like(pool.refcount)
+            phys = pt.phys[mapped & (pt.fmt == fmt)].long()
+            expected.index_add_(0, phys, torch.ones_like(phys, dtype=torch.int32))
+            for hold in store.readers._holds:
+                held = hold.hot if fmt == FMT_HOT else hold.tq3
+                expected.index_add_(0, held.long(), torch.ones_like(held, dtype=torch.int32))
+            assert torch.equal(pool.refcount, expected)
+            free = pool._free
+            assert len(free) == len(set(free))
+            assert set(free) == set(torch.nonzero(pool.refcount[1:] == 0).flatten().add(1).tolist())
+        reader_only = (store.hot_pool.num_held + store.tq3_pool.num_held) - int(mapped.sum())
+        assert len(self.free_logical) == store.hot_pool.num_free + store.tq3_pool.num_free + reader_only
+        live = {p for r in self.reqs.values() for p in r.pages} | set(self.tree)
+        assert set(torch.nonzero(mapped).flatten().tolist()) == live
+
+    def _pages(self):
+        """Every live logical page with its written K, V [LAYERS, n, H, D] (n < PS for a tail)."""
+        for p, kv in self.tree.items():
+            yield p, kv
+        for req in self.reqs.values():
+            k, v = torch.stack(req.k, 1), torch.stack(req.v, 1)
+            for i, p in enumerate(req.pages[req.shared :], start=req.shared):
+                tok = slice(i * PS, min((i + 1) * PS, req.tokens))
+                yield p, (k[:, tok], v[:, tok])
+
+    @invariant()
+    def every_live_page_is_readable(self):
+        for p, (k, v) in self._pages():
+            n = k.shape[1]
+            for layer in range(LAYERS):
+                kk, vv = read_page(self.store, p, layer)
+                assert rel_err(kk[:n], k[layer]) < PAGE_ERR and rel_err(vv[:n], v[layer]) < PAGE_ERR
+
+    @invariant()
+    def attention_matches_dense_reference(self):
+        store = self.store
+        for req in self.reqs.values():
+            slots = req.slots()
+            route = plan_request(slots, store.page_table.fmt, store.page_table.phys, PS, q_start=0, q_len=1)
+            q = torch.randn(1, 2 * HEADS, DIM, generator=self.gen)
+            mask = causal_mask(route.q_positions, torch.arange(req.tokens))
+            k_all, v_all = torch.stack(req.k, 1), torch.stack(req.v, 1)
+            for layer in range(LAYERS):
+                hot = HotPagedKV(store.hot_k[layer], store.hot_v[layer], route.hot_slots, route.hot_positions)
+                tq3 = Tq3PagedKV(store.tq3[layer], route.tq3_pages, store.layout, store.codebook, route.tq3_page_starts)
+                out, _ = mixed_paged_attention(q, hot, tq3, store.rotations[layer], DIM**-0.5, route.q_positions)
+                pages = [read_page(store, p, layer) for p in req.pages]
+                k_now = torch.cat([k for k, _ in pages])[: req.tokens]
+                v_now = torch.cat([v for _, v in pages])[: req.tokens]
+                exact, _ = attend(q, k_now, v_now, DIM**-0.5, mask)
+                dense, _ = attend(q, k_all[layer], v_all[layer], DIM**-0.5, mask)
+                assert rel_err(out, exact) < ATTN_EXACT
+                assert rel_err(out, dense) < ATTN_ERR
+
+
+TestLifecycle = Lifecycle.TestCase
+TestLifecycle.settings = settings(
+    max_examples=15, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

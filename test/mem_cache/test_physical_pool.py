@@ -1,0 +1,36 @@
+"""PhysicalPagePool: free list and reference counts."""
+
+import pytest
+import torch
+
+from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
+
+
+def test_alloc_hands_out_lowest_pages_first_and_never_page_zero():
+    pool = PhysicalPagePool(4, "hot")
+    assert pool.alloc(3).tolist() == [1, 2, 3]
+    assert pool.num_free == 1 and pool.num_held == 3
+    assert pool.alloc(2) is None
+    assert pool.alloc(1).tolist() == [4]
+
+
+def test_page_returns_to_free_list_when_last_reference_drops():
+    pool = PhysicalPagePool(2, "hot")
+    page = pool.alloc(1)
+    pool.retain(torch.cat([page, page]))
+    pool.release(page)
+    pool.release(page)
+    assert pool.num_free == 1
+    pool.release(page)
+    assert pool.num_free == 2 and int(pool.refcount[page]) == 0
+
+
+def test_double_release_and_retain_of_free_page_raise():
+    pool = PhysicalPagePool(2, "tq3")
+    page = pool.alloc(1)
+    pool.release(page)
+    with pytest.raises(RuntimeError, match="released more times"):
+        pool.release(page)
+    pool.reset()
+    with pytest.raises(RuntimeError, match="retain of a free"):
+        pool.retain(torch.tensor([1]))

@@ -1,0 +1,185 @@
+"""MinimaKVPool, MinimaPagedAllocator and MinimaRadixCache driven through real SGLang objects on CPU."""
+
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.events import KvEventLoraNames
+from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from sglang.test.mem_cache_utils import finish_req
+
+from sglang_minima.config import CONFIG_ENV, MinimaConfig
+from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
+from sglang_minima.mem_cache.kv_pool import MinimaKVPool
+from sglang_minima.mem_cache.memory_report import memory_report
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
+from sglang_minima.mem_cache.server_info import minima_server_info
+
+PS = 4
+PAGES = 16
+HEADS, DIM, LAYERS = 2, 16, 2
+
+
+def build(monkeypatch, **config):
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(**config).to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    req_to_token = ReqToTokenPool(size=4, max_context_len=PAGES * PS, device="cpu", enable_memory_saver=False)
+    pool = MinimaKVPool(
+        PAGES * PS, page_size=PS, dtype=torch.float32, head_num=HEADS, head_dim=DIM, layer_num=LAYERS,
+        device="cpu", enable_memory_saver=False,
+    )
+    allocator = MinimaPagedAllocator(PAGES * PS, PS, torch.float32, "cpu", pool, False)
+    cache = MinimaRadixCache(
+        CacheInitParams(
+            req_to_token_pool=req_to_token, token_to_kv_pool_allocator=allocator, page_size=PS, disable=False,
+            tree_components=(ComponentType.FULL,), kv_event_lora_names=KvEventLoraNames(),
+        )
+    )
+    return SimpleNamespace(req_to_token=req_to_token, pool=pool, allocator=allocator, cache=cache)
+
+
+def prefill(t, rid: str, tokens: list[int]) -> Req:
+    """Admission + extend as the scheduler does it: match, row, alloc_extend, KV write of every layer."""
+    req = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
+              sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
+    req.init_next_round_input(t.cache)
+    t.req_to_token.alloc([req])
+    prefix, n = req.prefix_len, len(tokens)
+    row = req.kv.req_pool_idx
+    if prefix:
+        t.req_to_token.write((row, slice(0, prefix)), t.cache.prefix_device_indices(req).to(torch.int32))
+    last = t.req_to_token.req_to_token[row, prefix - 1 : prefix].long() if prefix else torch.tensor([-1])
+    lens = lambda x: torch.tensor([x])  # noqa: E731
+    out = t.allocator.alloc_extend(lens(prefix), lens(prefix), lens(n), lens(n), last, n - prefix)
+    assert out is not None
+    t.req_to_token.write((row, slice(prefix, n)), out.to(torch.int32))
+    for layer in range(LAYERS):
+        t.pool.set_kv_buffer(SimpleNamespace(layer_id=layer), out, torch.randn(n - prefix, HEADS, DIM),
+                             torch.randn(n - prefix, HEADS, DIM))
+    req.kv.kv_allocated_len = req.kv.kv_committed_len = n
+    req.output_ids = array("q")
+    return req
+
+
+def release(t, req: Req) -> None:
+    finish_req(t.cache, req, req.kv.kv_allocated_len)
+    t.cache.on_release(req, checkpointed=True)
+    t.req_to_token.free(req)
+
+
+def idle_invariant(t) -> None:
+    """SGLang's own idle check: available + evictable + protected == total."""
+    assert t.allocator.available_size() + t.cache.evictable_size() + t.cache.protected_size() == PAGES * PS
+
+
+def test_request_lifecycle_retier_prefix_hit_by_format_and_eviction(monkeypatch):
+    t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5)
+    req = prefill(t, "a", list(range(1, 23)))  # 6 pages, the last one partial
+    t.cache.flush_pending_backups()
+    pages = t.cache.live_sequences()[0]
+    assert t.pool.page_table.fmt[pages].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    release(t, req)
+    idle_invariant(t)
+
+    hit = prefill(t, "b", list(range(1, 13)) + [99, 98])
+    assert hit.prefix_len == 12
+    t.cache.flush_pending_backups()
+    assert (t.pool.stats.prefix_hit_hot_pages, t.pool.stats.prefix_hit_tq3_pages) == (1, 2)
+    release(t, hit)
+
+    t.cache.evict(EvictParams(num_tokens=PAGES * PS))
+    store = t.pool.store
+    assert t.allocator.available_size() == PAGES * PS
+    assert store.hot_pool.num_free == store.shape.num_hot_pages and store.tq3_pool.num_free == store.shape.num_tq3_pages
+    idle_invariant(t)
+
+
+def test_pressure_converts_fp8_pages_before_sglang_evicts(monkeypatch):
+    t = build(monkeypatch, recent_pages=8, sink_pages=0, fp8_page_fraction=0.25)  # 4 FP8 pages, 12 TQ3
+    a = prefill(t, "a", list(range(1, 17)))  # all 4 FP8 pages, all Recent
+    t.cache.flush_pending_backups()
+    assert t.pool.store.hot_pool.num_free == 0
+    b = prefill(t, "b", list(range(100, 108)))  # needs 2 more: Recent pages of `a` are converted
+    assert t.pool.stats.pressure_retier_pages == 2 and t.cache.evictable_size() == 0
+    for req in (a, b):
+        release(t, req)
+    idle_invariant(t)
+
+
+def test_decode_lands_on_new_hot_pages(monkeypatch):
+    t = build(monkeypatch, recent_pages=1, sink_pages=0, fp8_page_fraction=0.25)
+    req = prefill(t, "a", list(range(1, 9)))  # two full pages
+    assert t.allocator.check_decode_capacity(num_tokens=PS, tree_cache=t.cache)
+    row = req.kv.req_pool_idx
+    last = t.req_to_token.req_to_token[row, 7:8].long()
+    out = t.allocator.alloc_decode(torch.tensor([9]), torch.tensor([9]), last)
+    page = int(out[0]) // PS
+    assert int(out[0]) % PS == 0 and t.pool.page_table.fmt[page] == FMT_HOT and bool(t.pool.page_table.mapped[page])
+
+
+def test_auto_dtype_without_stale_stores_exactly_what_sglang_stores(monkeypatch):
+    t = build(monkeypatch, hot_dtype="auto", disable_stale=True)
+    ref = MHATokenToKVPool(PAGES * PS, page_size=PS, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
+                           layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    req = prefill(t, "a", list(range(1, 23)))
+    t.cache.flush_pending_backups()
+    loc = t.req_to_token.req_to_token[req.kv.req_pool_idx, :22].long()
+    k, v = torch.randn(22, HEADS, DIM), torch.randn(22, HEADS, DIM)
+    for pool in (t.pool, ref):
+        pool.set_kv_buffer(SimpleNamespace(layer_id=1), loc, k.clone(), v.clone())
+    assert torch.equal(t.pool.hot_k_buffer(1)[t.pool.hot_slots(loc)], ref.get_key_buffer(1)[loc])
+    assert t.pool.stats.retier.pages == 0 and t.pool.store.shape.num_tq3_pages == 0
+
+
+def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
+    t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5)
+    req = prefill(t, "a", list(range(1, 23)))  # the scheduler holds running requests
+    t.cache.flush_pending_backups()
+    assert t.cache.live_sequences()[0].numel() == req.kv.kv_allocated_len // PS + 1
+    info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator))
+    memory = info["memory"]
+    assert info["active"] and info["pool"]["fp8_pages"] == 8 and info["pool"]["tq3_pages"] == 8
+    assert memory["accounted_bytes"] == memory["allocated_bytes"] == sum(t.pool.get_kv_size_bytes())
+    assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == 22
+    assert info["stats"]["dense_shadow_bytes"] == 0 and info["stats"]["fallbacks"] == 0
+    report = memory_report(t.pool.store)
+    assert report.bytes_per_live_token == report.live_bytes / 22
+
+
+def test_minima_radix_cache_rejects_a_plain_allocator(monkeypatch):
+    t = build(monkeypatch)
+    plain = PagedTokenToKVPoolAllocator(PAGES * PS, PS, torch.float32, "cpu", t.pool, False)
+    with pytest.raises(TypeError, match="MinimaPagedAllocator"):
+        MinimaRadixCache(
+            CacheInitParams(
+                req_to_token_pool=t.req_to_token, token_to_kv_pool_allocator=plain, page_size=PS,
+                disable=False, tree_components=(ComponentType.FULL,), kv_event_lora_names=KvEventLoraNames(),
+            )
+        )
+
+
+def test_hybrid_linear_pool_builds_minima_for_its_full_attention_layers(monkeypatch):
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig().to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    hybrid = HybridLinearKVPool(
+        size=PAGES * PS, dtype=torch.float32, page_size=PS, head_num=HEADS, head_dim=DIM,
+        full_attention_layer_ids=[3, 7], device="cpu", mamba_pool=None, full_kv_pool_class=MinimaKVPool,
+    )
+    allocator = MinimaPagedAllocator(PAGES * PS, PS, torch.float32, "cpu", hybrid, False)
+    assert allocator.kv_pool is hybrid.full_kv_pool and allocator.kv_pool.layer_num == 2
+    loc = allocator.alloc(PS)
+    k = torch.randn(PS, HEADS, DIM)
+    hybrid.set_kv_buffer(SimpleNamespace(layer_id=7), loc, k, torch.randn(PS, HEADS, DIM))
+    stored = allocator.kv_pool.hot_k_buffer(1)[allocator.kv_pool.hot_slots(loc)]
+    assert torch.equal(stored, k.to(torch.float8_e4m3fn).view(torch.uint8))

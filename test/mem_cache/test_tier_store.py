@@ -1,0 +1,91 @@
+"""TieredPageStore: mapping, conversions (copy-before-publish), reader epochs, failures."""
+
+import pytest
+import torch
+
+import sglang_minima.mem_cache.tier_store as tier_store
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from store_helpers import PS, make_store, random_kv, read_page, rel_err, write_tokens
+
+
+def _filled(store, pages, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    store.map_new(pages)
+    slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
+    k, v = random_kv(slots.numel(), g)
+    write_tokens(store, slots, k, v)
+    return k.view(k.shape[0], -1, PS, *k.shape[2:]), v.view(v.shape[0], -1, PS, *v.shape[2:])
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_retier_then_promote_keeps_pages_readable(fp8):
+    store = make_store(fp8=fp8)
+    pages = torch.tensor([2, 7, 9])
+    k, v = _filled(store, pages)
+    assert store.retier(pages) == 3
+    assert store.page_table.fmt[pages].tolist() == [FMT_TQ3] * 3
+    assert store.hot_pool.num_free == store.shape.num_hot_pages
+    for i, p in enumerate(pages.tolist()):
+        for layer in range(2):
+            kk, vv = read_page(store, p, layer)
+            assert rel_err(kk, k[layer, i]) < 0.3 and rel_err(vv, v[layer, i]) < 0.3
+    assert store.promote(pages[:2]) == 2
+    assert store.page_table.fmt[pages].tolist() == [FMT_HOT, FMT_HOT, FMT_TQ3]
+    kk, _ = read_page(store, 7, 1)
+    assert rel_err(kk, k[1, 1]) < 0.35
+    assert store.stats.retier.pages == 3 and store.stats.promote.pages == 2
+
+
+def test_only_sealed_hot_pages_are_converted():
+    store = make_store()
+    store.map_new(torch.tensor([1, 2]))
+    write_tokens(store, torch.arange(4, 4 + PS + 2), *random_kv(PS + 2))  # page 1 full, page 2 partial
+    assert store.retier(torch.tensor([1, 2])) == 1
+    assert store.page_table.fmt[1] == FMT_TQ3 and store.page_table.fmt[2] == FMT_HOT
+
+
+def test_source_page_is_released_only_after_its_readers_clear():
+    store = make_store(reader_lag=1)
+    pages = torch.tensor([3])
+    _filled(store, pages)
+    store.note_read(pages)
+    free_before = store.hot_pool.num_free
+    store.retier(pages)
+    assert store.hot_pool.num_free == free_before  # the in-flight reader still holds the FP8 page
+    store.end_step()  # lag 1: the next forward may still run
+    assert store.hot_pool.num_free == free_before
+    store.end_step()
+    assert store.hot_pool.num_free == free_before + 1
+
+
+def test_failed_conversion_leaves_page_in_fp8(monkeypatch):
+    store = make_store()
+    pages = torch.tensor([4, 5])
+    k, _ = _filled(store, pages)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("encoder fault")
+
+    monkeypatch.setattr(tier_store, "encode_pages", broken)
+    assert store.retier(pages) == 0
+    assert store.page_table.fmt[pages].tolist() == [FMT_HOT, FMT_HOT]
+    assert store.tq3_pool.num_free == store.shape.num_tq3_pages
+    assert store.hot_pool.refcount[store.page_table.phys[pages].long()].tolist() == [1, 1]
+    assert store.stats.retier.failed_pages == 2
+    assert rel_err(read_page(store, 4, 0)[0], k[0, 0]) < 0.1
+
+
+def test_unmap_of_unmapped_page_is_a_double_free():
+    store = make_store()
+    store.map_new(torch.tensor([1]))
+    store.unmap(torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="double free"):
+        store.unmap(torch.tensor([1]))
+
+
+def test_page_scores_are_a_globally_normalized_ewma():
+    store = make_store()
+    store.note_page_scores(torch.tensor([1, 2]), torch.tensor([3.0, 1.0]), decay=0.5)
+    assert store.page_table.score[[1, 2]].tolist() == [0.375, 0.125]
+    store.note_page_scores(torch.tensor([2]), torch.tensor([5.0]), decay=0.5)
+    assert store.page_table.score[[1, 2]].tolist() == [0.1875, 0.5625]
