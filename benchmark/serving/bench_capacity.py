@@ -32,6 +32,10 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "test"))
 
+from sglang_minima.cpu_engine import setup_cpu_engine  # noqa: E402
+
+setup_cpu_engine()  # before any sglang import; the plain SGLang arm inherits it too
+
 from minima_test_support.server import launch  # noqa: E402
 
 from sglang_minima.config import MinimaConfig  # noqa: E402

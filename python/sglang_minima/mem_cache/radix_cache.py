@@ -61,8 +61,19 @@ class MinimaRadixCache(UnifiedRadixCache):
         return slots[:: self.page_size].to(torch.int64) // self.page_size
 
     def on_release(self, req, *, checkpointed: bool) -> None:
+        # A request can be admitted and released within one step (a prefill-only request, or one
+        # finished by its first token): count its hits here, since no flush saw it live.
+        if req.kv.kv_allocated_len > 0:
+            self._count_hits(req)
         super().on_release(req, checkpointed=checkpointed)
         self._requests.discard(req)
+
+    def _count_hits(self, req) -> None:
+        hits = self._pending_hits.pop(req, None)
+        if hits is not None:
+            stats = self.minima.kv_pool.stats
+            stats.prefix_hit_hot_pages += hits[0]
+            stats.prefix_hit_tq3_pages += hits[1]
 
     def flush_pending_backups(self) -> None:
         super().flush_pending_backups()
@@ -74,15 +85,11 @@ class MinimaRadixCache(UnifiedRadixCache):
 
     def live_sequences(self) -> list[torch.Tensor]:
         """Logical pages of every request holding KV, in sequence order."""
-        stats = self.minima.kv_pool.stats
         sequences = []
         for req in list(self._requests):
             if not req.kv.holds_kv or req.kv.kv_allocated_len == 0:
                 continue
-            hits = self._pending_hits.pop(req, None)
-            if hits is not None:
-                stats.prefix_hit_hot_pages += hits[0]
-                stats.prefix_hit_tq3_pages += hits[1]
+            self._count_hits(req)
             row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len]
             sequences.append(row[:: self.page_size].to(torch.int64) // self.page_size)
         return sequences
