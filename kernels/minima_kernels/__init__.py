@@ -1,0 +1,23 @@
+"""minima_kernels: GPU kernels of sglang-minima (TileLang + FlashInfer), importable without SGLang.
+
+- ``MinimaDecodeWrapper``: mixed FP8 / TQ3 paged decode (plan once per batch shape, run per layer).
+- ``tq3_decode_kernel`` / ``tq3_merge_splits``: the TileLang TQ3 split-KV decode and split combine.
+- ``fp8_to_tq3`` / ``tq3_to_fp8``: batched page conversions, bit-identical to the torch codec.
+"""
+
+from .convert import fp8_to_tq3, fp8_to_tq3_kernel, tq3_to_fp8, tq3_to_fp8_kernel
+from .decode import MinimaDecodeWrapper, choose_num_splits, pool_views
+from .tq3_decode import tile_config, tq3_decode_kernel, tq3_merge_splits
+
+__all__ = [
+    "MinimaDecodeWrapper",
+    "choose_num_splits",
+    "fp8_to_tq3",
+    "fp8_to_tq3_kernel",
+    "pool_views",
+    "tile_config",
+    "tq3_decode_kernel",
+    "tq3_merge_splits",
+    "tq3_to_fp8",
+    "tq3_to_fp8_kernel",
+]

@@ -1,0 +1,401 @@
+"""Decode attention on the GPU: FlashInfer BF16, FlashInfer FP8 and Minima mixed FP8/TQ3, side by side.
+
+For each geometry x batch x context x Stale fraction: median time per call (CUDA-graph replay when the
+path captures, else events around eager calls; ``graph`` says which), KV bytes read, achieved TB/s
+against the copy roofline, and Minima's speed-up over FlashInfer FP8. Also the TQ3 kernel alone
+(split decode + combine) against the roofline on the bytes it reads, FlashInfer FP8 with token-granular
+indices (page_size=1, SGLang's way) vs real pages, and conversion throughput (FP8 -> TQ3, TQ3 -> FP8).
+
+    PYTHONPATH=kernels:python python benchmark/kernels/bench_decode.py --out results.json [--budget-s 300]
+
+Runs in one device call: configurations are ordered by priority and the run stops adding new ones
+once ``--budget-s`` is spent (the skipped ones are listed in the JSON).
+"""
+
+import argparse
+import json
+import math
+import time
+from functools import partial
+
+import flashinfer
+import tilelang
+import torch
+import triton.testing
+from minima_kernels import (
+    MinimaDecodeWrapper,
+    choose_num_splits,
+    fp8_to_tq3,
+    pool_views,
+    tile_config,
+    tq3_decode_kernel,
+    tq3_to_fp8,
+)
+from minima_kernels.decode import key_centroids_fp16
+from sglang_minima.codec import LayerRotation, TQ3PageLayout
+
+ROOFLINE_TBPS = 4.2
+PAGE = 64
+GEOMETRIES = {"24q/4kv/256": (24, 4, 256), "32q/8kv/128": (32, 8, 128), "9q/3kv/64": (9, 3, 64)}
+BATCHES = (8, 32, 1)
+CONTEXTS = (32768, 131072, 4096)
+STALE = (0.75, 0.9, 0.5, 0.0)
+MAX_POOL_BYTES = 48 << 30  # per config, all pools together
+TQ3_BASE_PAGES = 2048  # distinct TQ3 pages made by the conversion kernel, tiled over the pool
+
+
+def bench_ms(fn, graph: bool = True) -> tuple[float, bool]:
+    """Median ms of fn(): CUDA-graph replay if fn captures, else eager events."""
+    fn()
+    torch.cuda.synchronize()
+    if graph:
+        try:
+            g = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                fn()
+                with torch.cuda.graph(g, stream=stream):
+                    fn()
+            torch.cuda.synchronize()
+            return triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median"), True
+        except Exception:  # noqa: BLE001 - a path that cannot be captured is timed eagerly
+            torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), False
+
+
+def flashinfer_decode(workspace, q, k, v, indptr, indices, last, hq, h, d, page, kv_dtype, scales=(None, None)):
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+    w.plan(indptr, indices, last, hq, h, d, page, q_data_type=q.dtype, kv_data_type=kv_dtype)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    return lambda: w.run(q, (k, v), k_scale=scales[0], v_scale=scales[1], out=out, lse=lse, return_lse=True)
+
+
+def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str) -> torch.Tensor:
+    """n_pages TQ3P pages: TQ3_BASE_PAGES made from random FP8 pages by the conversion kernel, tiled."""
+    layout = TQ3PageLayout(h, PAGE, d)
+    base = min(n_pages, TQ3_BASE_PAGES)
+    k = (torch.randn(base, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+    v = (torch.randn(base, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+    pages = torch.empty(base, layout.page_bytes, dtype=torch.uint8, device=dev)
+    ids = torch.arange(base, dtype=torch.int32, device=dev)
+    fp8_to_tq3(k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5)
+    reps = math.ceil(n_pages / base)
+    return pages.repeat(reps, 1)[:n_pages].contiguous()
+
+
+def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str) -> list[dict]:
+    hq, h, d = GEOMETRIES[geom]
+    pages_per_req = ctx // PAGE
+    n_pages = batch * pages_per_req
+    tokens = batch * ctx
+    bf16_bytes = tokens * h * d * 2 * 2
+    layout = TQ3PageLayout(h, PAGE, d)
+    pool_bytes = bf16_bytes * 3 // 2 + n_pages * layout.page_bytes
+    if pool_bytes > MAX_POOL_BYTES:
+        return [{"geom": geom, "batch": batch, "ctx": ctx, "skipped": f"pools need {pool_bytes / 2**30:.0f} GiB"}]
+    gen_q = torch.randn(batch, hq, d, device=dev).to(torch.bfloat16)
+    perm = torch.randperm(n_pages, device=dev).to(torch.int32)
+    indptr = torch.arange(0, n_pages + 1, pages_per_req, dtype=torch.int32, device=dev)
+    last = torch.full((batch,), PAGE, dtype=torch.int32, device=dev)
+    rows = []
+
+    k16 = torch.randn(n_pages, PAGE, h, d, device=dev, dtype=torch.bfloat16)
+    v16 = torch.randn(n_pages, PAGE, h, d, device=dev, dtype=torch.bfloat16)
+    bf16_ms, bf16_graph = bench_ms(
+        flashinfer_decode(workspace, gen_q, k16, v16, indptr, perm, last, hq, h, d, PAGE, torch.bfloat16)
+    )
+    del k16, v16
+    k8 = (torch.randn(n_pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+    v8 = (torch.randn(n_pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+    fp8_ms, fp8_graph = bench_ms(
+        flashinfer_decode(workspace, gen_q, k8, v8, indptr, perm, last, hq, h, d, PAGE, torch.float8_e4m3fn, (0.5, 0.5))
+    )
+    base = {
+        "geom": geom,
+        "batch": batch,
+        "ctx": ctx,
+        "flashinfer_bf16_ms": bf16_ms,
+        "flashinfer_bf16_tbps": bf16_bytes / bf16_ms / 1e9,
+        "bf16_graph": bf16_graph,
+        "flashinfer_fp8_ms": fp8_ms,
+        "flashinfer_fp8_tbps": bf16_bytes / 2 / fp8_ms / 1e9,
+        "fp8_graph": fp8_graph,
+    }
+
+    rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
+    rot = rotation.matrix().to(dev)
+    max_tq3 = round(max(STALE) * pages_per_req)
+    tq3 = tq3_pool(max(batch * max_tq3, 1), h, d, rotation, dev)
+    tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
+    fp8_perm_cpu = perm.cpu()
+    wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE)
+    for frac in STALE:
+        n_tq3 = round(frac * pages_per_req)
+        n_fp8 = pages_per_req - n_tq3
+        fp8_ids = torch.cat([fp8_perm_cpu[b * pages_per_req : b * pages_per_req + n_fp8] for b in range(batch)])
+        tq3_ids = (
+            torch.cat([tq3_perm[b * max_tq3 : b * max_tq3 + n_tq3] for b in range(batch)])
+            if n_tq3
+            else torch.empty(0, dtype=torch.int32)
+        )
+        fp8_indptr = (
+            torch.arange(0, batch * n_fp8 + 1, max(n_fp8, 1), dtype=torch.int32)[: batch + 1]
+            if n_fp8
+            else torch.zeros(batch + 1, dtype=torch.int32)
+        )
+        tq3_indptr = (
+            torch.arange(0, batch * n_tq3 + 1, max(n_tq3, 1), dtype=torch.int32)[: batch + 1]
+            if n_tq3
+            else torch.zeros(batch + 1, dtype=torch.int32)
+        )
+        wrapper.plan(fp8_indptr, fp8_ids, torch.full((batch,), PAGE, dtype=torch.int32), tq3_indptr, tq3_ids)
+        mixed_ms, mixed_graph = bench_ms(partial(wrapper.run, gen_q, (k8, v8), tq3, rot, k_scale=0.5, v_scale=0.5))
+        mixed_bytes = batch * n_fp8 * PAGE * h * d * 2 + batch * n_tq3 * layout.page_bytes
+        row = dict(
+            base,
+            stale=frac,
+            minima_ms=mixed_ms,
+            minima_graph=mixed_graph,
+            minima_bytes=mixed_bytes,
+            minima_tbps=mixed_bytes / mixed_ms / 1e9,
+            speedup_vs_fp8=fp8_ms / mixed_ms,
+            num_splits=wrapper.tq3_plan.num_splits if n_tq3 else 0,
+        )
+        if n_tq3:
+            q_rot = torch.randn(batch, hq, d, device=dev).to(torch.float16)
+            tq3_ms, _ = bench_ms(partial(wrapper.run_tq3, q_rot, tq3))
+            tq3_bytes = batch * n_tq3 * layout.page_bytes
+            row.update(
+                tq3_kernel_ms=tq3_ms,
+                tq3_kernel_tbps=tq3_bytes / tq3_ms / 1e9,
+                tq3_roofline_frac=tq3_bytes / tq3_ms / 1e9 / ROOFLINE_TBPS,
+            )
+        rows.append(row)
+    return rows
+
+
+LIBRARY_BUILD = "cpasync_128thr_2cta"
+TQ3_VARIANTS = {  # name: (tile kwargs over tile_config, pass configs or None for the library's own)
+    LIBRARY_BUILD: ({}, None),
+    "cpasync_256thr_2cta": ({"threads": 256, "min_blocks": 2}, None),
+    "tma_warpspec_128thr": ({"threads": 128, "min_blocks": 1}, {}),
+}
+
+
+def tq3_variant_kernel(hq: int, h: int, d: int, name: str):
+    """The TQ3 decode kernel of one geometry built as TQ3_VARIANTS[name] (page 64)."""
+    g = hq // h
+    kwargs, configs = TQ3_VARIANTS[name]
+    args = (h, g, d, PAGE, d**-0.5, key_centroids_fp16(d))
+    tiles = {**tile_config(g, PAGE), **kwargs}
+    if configs is None:  # the library's pass configs (the library build is shared through the jit cache)
+        return tq3_decode_kernel(*args, **tiles)
+    return tilelang.compile(tq3_decode_kernel.get_tir(*args, **tiles), pass_configs=configs)
+
+
+def tq3_variants(dev: str) -> list[dict]:
+    """TQ3 kernel alone (split decode, no combine), 75% of a 32K context, batch 8, per variant."""
+    rows = []
+    batch, ctx = 8, 32768
+    for geom, (hq, h, d) in GEOMETRIES.items():
+        layout = TQ3PageLayout(h, PAGE, d)
+        rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
+        n_tq3 = int(0.75 * ctx // PAGE)
+        pool = tq3_pool(batch * n_tq3, h, d, rotation, dev)
+        ids = torch.randperm(batch * n_tq3, device=dev).to(torch.int32)
+        indptr = torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32, device=dev)
+        splits = choose_num_splits(batch, h, n_tq3)
+        q = torch.randn(batch, hq, d, device=dev).to(torch.float16)
+        out = torch.empty(batch, hq, splits, d, device=dev)
+        lse = torch.empty(batch, hq, splits, device=dev)
+        views = pool_views(pool, layout)
+        for name in TQ3_VARIANTS:
+            kernel = tq3_variant_kernel(hq, h, d, name)
+            ms, graph = bench_ms(partial(kernel, q, *views, indptr, ids, out, lse))
+            nbytes = batch * n_tq3 * layout.page_bytes
+            rows.append(
+                {
+                    "geom": geom,
+                    "variant": name,
+                    "batch": batch,
+                    "ctx": ctx,
+                    "stale": 0.75,
+                    "splits": splits,
+                    "ms": ms,
+                    "graph": graph,
+                    "tbps": nbytes / ms / 1e9,
+                    "roofline_frac": nbytes / ms / 1e9 / ROOFLINE_TBPS,
+                }
+            )
+    return rows
+
+
+def token_granular_fp8(workspace: torch.Tensor, dev: str) -> dict:
+    """FlashInfer FP8, 32q/8kv/128, batch 8 x 32K: page_size=1 token indices (SGLang) vs 64-token pages."""
+    hq, h, d = GEOMETRIES["32q/8kv/128"]
+    batch, ctx = 8, 32768
+    n_pages = batch * ctx // PAGE
+    q = torch.randn(batch, hq, d, device=dev).to(torch.bfloat16)
+    k8 = (torch.randn(n_pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+    v8 = (torch.randn(n_pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+    perm = torch.randperm(n_pages, device=dev).to(torch.int32)
+    indptr = torch.arange(0, n_pages + 1, ctx // PAGE, dtype=torch.int32, device=dev)
+    paged_ms, _ = bench_ms(
+        flashinfer_decode(
+            workspace,
+            q,
+            k8,
+            v8,
+            indptr,
+            perm,
+            torch.full((batch,), PAGE, dtype=torch.int32, device=dev),
+            hq,
+            h,
+            d,
+            PAGE,
+            torch.float8_e4m3fn,
+        )
+    )
+    slots = (perm.view(-1, 1).long() * PAGE + torch.arange(PAGE, device=dev)).reshape(-1).to(torch.int32)
+    tok_indptr = torch.arange(0, batch * ctx + 1, ctx, dtype=torch.int32, device=dev)
+    ones = torch.ones(batch, dtype=torch.int32, device=dev)
+    token_ms, _ = bench_ms(
+        flashinfer_decode(
+            workspace,
+            q,
+            k8.view(-1, 1, h, d),
+            v8.view(-1, 1, h, d),
+            tok_indptr,
+            slots,
+            ones,
+            hq,
+            h,
+            d,
+            1,
+            torch.float8_e4m3fn,
+        )
+    )
+    return {"geom": "32q/8kv/128", "batch": batch, "ctx": ctx, "page64_ms": paged_ms, "token_granular_ms": token_ms}
+
+
+def conversion_throughput(dev: str) -> list[dict]:
+    rows = []
+    for geom, (hq, h, d) in GEOMETRIES.items():
+        n = 4096
+        layout = TQ3PageLayout(h, PAGE, d)
+        rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
+        k = (torch.randn(n, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+        v = (torch.randn(n, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+        pages = torch.empty(n, layout.page_bytes, dtype=torch.uint8, device=dev)
+        ids = torch.randperm(n, device=dev).to(torch.int32)
+        fwd_ms, _ = bench_ms(
+            partial(fp8_to_tq3, k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5), graph=False
+        )
+        bwd_ms, _ = bench_ms(
+            partial(tq3_to_fp8, pages, ids, ids, k, v, rotation, k_scale=0.5, v_scale=0.5), graph=False
+        )
+        fp8_bytes = n * PAGE * h * d * 2
+        rows.append(
+            {
+                "geom": geom,
+                "pages": n,
+                "fp8_to_tq3_ms": fwd_ms,
+                "fp8_to_tq3_gbps_in": fp8_bytes / fwd_ms / 1e6,
+                "fp8_to_tq3_pages_per_s": n / fwd_ms * 1e3,
+                "tq3_to_fp8_ms": bwd_ms,
+                "tq3_to_fp8_gbps_in": n * layout.page_bytes / bwd_ms / 1e6,
+                "tq3_to_fp8_pages_per_s": n / bwd_ms * 1e3,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--skip-conversion", action="store_true", help="leave out the conversion throughput")
+    args = ap.parse_args()
+    dev = "cuda"
+    t0 = time.time()
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "roofline_tbps": ROOFLINE_TBPS,
+        "page_size": PAGE,
+        "decode": [],
+        "not_run": [],
+    }
+
+    def save() -> None:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    if not args.skip_conversion:
+        result["conversion"] = conversion_throughput(dev)
+        save()
+    result["tq3_variants"] = tq3_variants(dev)
+    save()
+    print_variants(result)
+    configs = [(g, b, c) for c in CONTEXTS for b in BATCHES for g in GEOMETRIES]
+    for geom, batch, ctx in configs:
+        if time.time() - t0 > args.budget_s:
+            result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})
+            continue
+        try:
+            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev))
+        except Exception as e:  # noqa: BLE001 - one failing shape must not lose the rest
+            result["not_run"].append(
+                {"geom": geom, "batch": batch, "ctx": ctx, "why": f"{type(e).__name__}: {e}"[:300]}
+            )
+        torch.cuda.empty_cache()
+        save()
+    if time.time() - t0 < args.budget_s:
+        result["token_granular_fp8"] = token_granular_fp8(workspace, dev)
+    save()
+    print_table(result)
+
+
+def print_variants(result: dict) -> None:
+    for r in result["tq3_variants"]:
+        print(
+            f"tq3 variant {r['geom']:12} {r['variant']:13} {r['ms']:.3f} ms {r['tbps']:.2f} TB/s "
+            f"({100 * r['roofline_frac']:.1f}% of roofline) splits {r['splits']} graph {r['graph']}",
+            flush=True,
+        )
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  roofline {result['roofline_tbps']} TB/s")
+    print(
+        f"{'geom':12} {'B':>3} {'ctx':>6} {'stale':>5} | {'FI bf16 ms':>10} {'FI fp8 ms':>9} {'minima ms':>9} {'x fp8':>6} | "
+        f"{'fp8 TB/s':>8} {'min TB/s':>8} {'tq3 TB/s':>8} {'tq3 %roof':>9} {'splits':>6}"
+    )
+    for r in result["decode"]:
+        if "skipped" in r:
+            print(f"{r['geom']:12} {r['batch']:>3} {r['ctx']:>6}  skipped: {r['skipped']}")
+            continue
+        print(
+            f"{r['geom']:12} {r['batch']:>3} {r['ctx'] // 1024:>5}K {r['stale']:>5.2f} | {r['flashinfer_bf16_ms']:>10.3f} "
+            f"{r['flashinfer_fp8_ms']:>9.3f} {r['minima_ms']:>9.3f} {r['speedup_vs_fp8']:>6.2f} | {r['flashinfer_fp8_tbps']:>8.2f} "
+            f"{r['minima_tbps']:>8.2f} {r.get('tq3_kernel_tbps', float('nan')):>8.2f} {100 * r.get('tq3_roofline_frac', float('nan')):>8.1f}% "
+            f"{r['num_splits']:>6}"
+        )
+    for r in result.get("conversion", []):
+        print(
+            f"convert {r['geom']:12} fp8->tq3 {r['fp8_to_tq3_gbps_in']:.0f} GB/s in, {r['fp8_to_tq3_pages_per_s']:.3g} pages/s; "
+            f"tq3->fp8 {r['tq3_to_fp8_gbps_in']:.0f} GB/s in, {r['tq3_to_fp8_pages_per_s']:.3g} pages/s"
+        )
+    if "token_granular_fp8" in result:
+        t = result["token_granular_fp8"]
+        print(
+            f"FlashInfer FP8 32q/8kv/128 8x32K: 64-token pages {t['page64_ms']:.3f} ms, token-granular (page_size=1) {t['token_granular_ms']:.3f} ms"
+        )
+    for r in result["not_run"]:
+        print(f"not run: {r}")
+
+
+if __name__ == "__main__":
+    main()

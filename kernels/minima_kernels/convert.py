@@ -1,0 +1,357 @@
+"""Batched page conversions in TileLang: FP8 -> TQ3 (retier) and TQ3 -> FP8 (promote).
+
+Both replicate the torch codec (``sglang_minima.codec``) bit for bit, one IEEE fp32 operation per
+codec step and in the codec's order: the FWHT butterflies run stage h = 1, 2, 4, ... then one
+multiply by fp32(1/sqrt(d)); squared norms are summed by the codec's fixed halving tree; divisions
+and square roots are IEEE (no fast math) and the kernels are built with ``--fmad=false`` so that no
+multiply-add is contracted. One CTA converts one kv head of one page.
+
+FP8 pages are SGLang's layout: k/v ``[num_pages, page_size, num_kv_heads, head_dim]`` e4m3 (the
+``[slots, H, D]`` pool viewed per page); TQ3 pages are TQ3P blocks ``[num_pages, page_bytes]``.
+"""
+
+import math
+
+import tilelang
+import tilelang.language as T
+import torch
+from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.fp8 import Scale
+from sglang_minima.codec.layout import BYTES_PER_GROUP, CODES_PER_GROUP, NUM_CODES, TQ3_BITS, TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+
+FLT_MIN = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: squared norms below it code as zero
+EXACT_FP32 = {tilelang.PassConfigKey.TL_DEVICE_COMPILE_FLAGS: ["--fmad=false"]}
+
+
+def _select(table: tuple[float, ...], code):
+    """table[code] for a 3-bit code, as a select tree of fp32 constants."""
+    level = [T.float32(v) for v in table]
+    for bit in range(TQ3_BITS):
+        level = [
+            T.if_then_else((code & (1 << bit)) != 0, level[2 * k + 1], level[2 * k]) for k in range(len(level) // 2)
+        ]
+    return level[0]
+
+
+def _count_below(thresholds: tuple[float, ...], u):
+    """#{k : thresholds[k] < u} (torch.bucketize(u, thresholds, right=False))."""
+    count = T.Cast(T.int32, T.float32(thresholds[0]) < u)
+    for t in thresholds[1:]:
+        count = count + T.Cast(T.int32, T.float32(t) < u)
+    return count
+
+
+def _pack_word(code_s, t, g):
+    """The little-endian 24-bit word of the 8 codes of group g of row t."""
+    word = T.Cast(T.uint32, code_s[t, g * CODES_PER_GROUP])
+    for e in range(1, CODES_PER_GROUP):
+        word = word | (T.Cast(T.uint32, code_s[t, g * CODES_PER_GROUP + e]) << (TQ3_BITS * e))
+    return word
+
+
+def _unpack(tq3, src, offset, row, d):
+    """Code of coordinate d of the token whose code row starts at byte ``offset + row``."""
+    base = offset + row + (d // CODES_PER_GROUP) * BYTES_PER_GROUP
+    word = (
+        T.Cast(T.uint32, tq3[src, base])
+        | (T.Cast(T.uint32, tq3[src, base + 1]) << 8)
+        | (T.Cast(T.uint32, tq3[src, base + 2]) << 16)
+    )
+    return T.Cast(T.int32, (word >> ((d % CODES_PER_GROUP) * TQ3_BITS)) & (NUM_CODES - 1))
+
+
+def _log2(n: int) -> int:
+    if n <= 0 or n & (n - 1):
+        raise ValueError(f"the Hadamard path needs a power-of-two head_dim, got {n}")
+    return n.bit_length() - 1
+
+
+@T.macro
+def _fwht_rows(x_s, rows: int, dim: int, log_dim: int):
+    """In-place unnormalized Walsh-Hadamard transform of each row, stages h = 1, 2, 4, ..."""
+    for s in T.serial(log_dim):
+        for i, j in T.Parallel(rows, dim // 2):
+            h = T.shift_left(1, s)
+            a = (j // h) * (2 * h) + j % h
+            xa = x_s[i, a]
+            xb = x_s[i, a + h]
+            x_s[i, a] = xa + xb
+            x_s[i, a + h] = xa - xb
+
+
+@T.macro
+def _halving_sum(s_s, rows: int, dim: int, log_dim: int):
+    """s[i, 0] = the codec's fixed-order sum of s[i, :] (s[j] += s[j + half], half = dim/2, dim/4, ...)."""
+    for s in T.serial(log_dim):
+        for i, j in T.Parallel(rows, dim // 2):
+            half = T.shift_right(dim // 2, s)
+            if j < half:
+                s_s[i, j] = s_s[i, j] + s_s[i, j + half]
+
+
+@tilelang.jit(pass_configs=EXACT_FP32)
+def fp8_to_tq3_kernel(
+    num_kv_heads: int,
+    page_size: int,
+    head_dim: int,
+    centroids: tuple[float, ...],
+    thresholds: tuple[float, ...],
+    inv_sqrt_d: float,
+    sqrt_d: float,
+    *,
+    threads: int = 128,
+):
+    """FP8 pages -> TQ3P pages. Shapes (dynamic: n_fp8, n_tq3, n):
+    k_fp8 / v_fp8 [n_fp8, P, H, D] e4m3, src_pages / dst_pages [n] int32, signs [H, D] fp32 (+-1),
+    kv_scale [2] fp32 (per-layer k and v scale), tq3 [n_tq3, page_bytes] uint8 and the same storage
+    as tq3_f16 [n_tq3, page_bytes/2] fp16 (written)."""
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    H, P, D = num_kv_heads, page_size, head_dim
+    log_d = _log2(D)
+    cb = layout.code_bytes_per_token
+    pad_offset = layout.payload_bytes + layout.metadata_bytes
+    pad_bytes = layout.page_bytes - pad_offset
+    squares = tuple(c * c for c in centroids)  # fp32 products of fp32 values: exact in float64, rounded below
+    n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")
+
+    @T.macro
+    def load_rotated(src, x_s, h, cache, scale, signs):
+        for t, d in T.Parallel(P, D):
+            x_s[t, d] = T.Cast(T.float32, cache[src, t, h, d]) * scale * signs[h, d]
+        _fwht_rows(x_s, P, D, log_d)
+        for t, d in T.Parallel(P, D):
+            x_s[t, d] = x_s[t, d] * T.float32(inv_sqrt_d)
+
+    @T.macro
+    def pack(code_s, dst, h, offset, tq3):
+        for t, g in T.Parallel(P, D // CODES_PER_GROUP):
+            word = _pack_word(code_s, t, g)
+            row = offset + (h * P + t) * cb + g * BYTES_PER_GROUP
+            tq3[dst, row] = T.Cast(T.uint8, word & 0xFF)
+            tq3[dst, row + 1] = T.Cast(T.uint8, (word >> 8) & 0xFF)
+            tq3[dst, row + 2] = T.Cast(T.uint8, (word >> 16) & 0xFF)
+
+    @T.macro
+    def zero_padding(tq3, dst, h):
+        if h == 0:
+            for b in T.Parallel(max(pad_bytes, 1)):
+                if b < pad_bytes:
+                    tq3[dst, pad_offset + b] = T.uint8(0)
+
+    @T.prim_func
+    def fp8_to_tq3(
+        k_fp8: T.Tensor([n_fp8, P, H, D], T.float8_e4m3fn),
+        v_fp8: T.Tensor([n_fp8, P, H, D], T.float8_e4m3fn),
+        src_pages: T.Tensor([n], T.int32),
+        dst_pages: T.Tensor([n], T.int32),
+        signs: T.Tensor([H, D], T.float32),
+        kv_scale: T.Tensor([2], T.float32),
+        tq3: T.Tensor([n_tq3, layout.page_bytes], T.uint8),
+        tq3_f16: T.Tensor([n_tq3, layout.page_bytes // 2], T.float16),
+    ):
+        with T.Kernel(n, H, threads=threads) as (c, h):
+            x_s = T.alloc_shared([P, D], T.float32)
+            s_s = T.alloc_shared([P, D], T.float32)
+            m_s = T.alloc_shared([P, D], T.float32)
+            code_s = T.alloc_shared([P, D], T.uint8)
+            norm_s = T.alloc_shared([P], T.float32)
+            ratio_s = T.alloc_shared([P], T.float32)
+            src = src_pages[c]
+            dst = dst_pages[c]
+
+            # keys: rotate, norm, codes against the thresholds of sqrt(d) k'/n, fp16 norm correction
+            load_rotated(src, x_s, h, k_fp8, kv_scale[0], signs)
+            for t, d in T.Parallel(P, D):
+                s_s[t, d] = x_s[t, d] * x_s[t, d]
+            _halving_sum(s_s, P, D, log_d)
+            for t in T.Parallel(P):
+                norm_s[t] = T.sqrt(s_s[t, 0])
+                ratio_s[t] = T.if_then_else(
+                    s_s[t, 0] < T.float32(FLT_MIN), T.float32(0), T.float32(sqrt_d) / T.sqrt(s_s[t, 0])
+                )
+            for t, d in T.Parallel(P, D):
+                code = _count_below(thresholds, x_s[t, d] * ratio_s[t])
+                code_s[t, d] = T.Cast(T.uint8, T.if_then_else(ratio_s[t] == 0, 0, code))
+            for t, d in T.Parallel(P, D):
+                s_s[t, d] = _select(squares, T.Cast(T.int32, code_s[t, d]))
+            _halving_sum(s_s, P, D, log_d)
+            for t in T.Parallel(P):
+                tq3_f16[dst, layout.k_norm_offset // 2 + h * P + t] = T.Cast(
+                    T.float16, T.if_then_else(ratio_s[t] == 0, T.float32(0), norm_s[t] / T.sqrt(s_s[t, 0]))
+                )
+            pack(code_s, dst, h, layout.k_codes_offset, tq3)
+
+            # values: rotate, per-token min/max, fp16 zero and scale, round-half-even codes
+            load_rotated(src, x_s, h, v_fp8, kv_scale[1], signs)
+            for t, d in T.Parallel(P, D):
+                s_s[t, d] = x_s[t, d]
+                m_s[t, d] = x_s[t, d]
+            for s in T.serial(log_d):
+                for t, j in T.Parallel(P, D // 2):
+                    half = T.shift_right(D // 2, s)
+                    if j < half:
+                        s_s[t, j] = T.min(s_s[t, j], s_s[t, j + half])
+                        m_s[t, j] = T.max(m_s[t, j], m_s[t, j + half])
+            for t in T.Parallel(P):
+                zero16 = T.Cast(T.float16, s_s[t, 0])
+                scale16 = T.Cast(T.float16, (m_s[t, 0] - s_s[t, 0]) / T.float32(NUM_CODES - 1))
+                tq3_f16[dst, layout.v_scale_offset // 2 + h * P + t] = scale16
+                tq3_f16[dst, layout.v_zero_offset // 2 + h * P + t] = zero16
+                norm_s[t] = T.Cast(T.float32, scale16)
+                ratio_s[t] = T.Cast(T.float32, zero16)
+            for t, d in T.Parallel(P, D):
+                q = T.nearbyint((x_s[t, d] - ratio_s[t]) / norm_s[t])
+                code_s[t, d] = T.Cast(
+                    T.uint8,
+                    T.if_then_else(
+                        norm_s[t] == 0, T.float32(0), T.min(T.max(q, T.float32(0)), T.float32(NUM_CODES - 1))
+                    ),
+                )
+            pack(code_s, dst, h, layout.v_codes_offset, tq3)
+            zero_padding(tq3, dst, h)
+
+    return fp8_to_tq3
+
+
+@tilelang.jit(pass_configs=EXACT_FP32)
+def tq3_to_fp8_kernel(
+    num_kv_heads: int,
+    page_size: int,
+    head_dim: int,
+    centroids: tuple[float, ...],
+    inv_sqrt_d: float,
+    *,
+    threads: int = 128,
+):
+    """TQ3P pages -> FP8 pages (promotion): decode in the rotated space, un-rotate (R^T), divide by
+    the per-layer scale, cast to e4m3 (round to nearest even, saturating like torch's cast).
+    Shapes: tq3 [n_tq3, page_bytes] uint8 and tq3_f16 (same storage), src_pages / dst_pages [n],
+    signs [H, D], kv_scale [2] -> k_fp8 / v_fp8 [n_fp8, P, H, D] e4m3 (written)."""
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    H, P, D = num_kv_heads, page_size, head_dim
+    log_d = _log2(D)
+    cb = layout.code_bytes_per_token
+    n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")
+
+    @T.macro
+    def store_unrotated(x_s, dst, h, cache, scale, signs):
+        _fwht_rows(x_s, P, D, log_d)
+        for t, d in T.Parallel(P, D):
+            cache[dst, t, h, d] = T.Cast(T.float8_e4m3fn, x_s[t, d] * T.float32(inv_sqrt_d) * signs[h, d] / scale)
+
+    @T.prim_func
+    def tq3_to_fp8(
+        tq3: T.Tensor([n_tq3, layout.page_bytes], T.uint8),
+        tq3_f16: T.Tensor([n_tq3, layout.page_bytes // 2], T.float16),
+        src_pages: T.Tensor([n], T.int32),
+        dst_pages: T.Tensor([n], T.int32),
+        signs: T.Tensor([H, D], T.float32),
+        kv_scale: T.Tensor([2], T.float32),
+        k_fp8: T.Tensor([n_fp8, P, H, D], T.float8_e4m3fn),
+        v_fp8: T.Tensor([n_fp8, P, H, D], T.float8_e4m3fn),
+    ):
+        with T.Kernel(n, H, threads=threads) as (c, h):
+            x_s = T.alloc_shared([P, D], T.float32)
+            code_s = T.alloc_shared([P, D], T.int32)
+            src = src_pages[c]
+            dst = dst_pages[c]
+            for t, d in T.Parallel(P, D):
+                code_s[t, d] = _unpack(tq3, src, layout.k_codes_offset, (h * P + t) * cb, d)
+            for t, d in T.Parallel(P, D):
+                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
+                    centroids, code_s[t, d]
+                )
+            store_unrotated(x_s, dst, h, k_fp8, kv_scale[0], signs)
+            for t, d in T.Parallel(P, D):
+                code_s[t, d] = _unpack(tq3, src, layout.v_codes_offset, (h * P + t) * cb, d)
+            for t, d in T.Parallel(P, D):
+                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.v_scale_offset // 2 + h * P + t]) * T.Cast(
+                    T.float32, code_s[t, d]
+                ) + T.Cast(T.float32, tq3_f16[src, layout.v_zero_offset // 2 + h * P + t])
+            store_unrotated(x_s, dst, h, v_fp8, kv_scale[1], signs)
+
+    return tq3_to_fp8
+
+
+def _kernel_constants(rotation: LayerRotation) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+    if not rotation.is_hadamard:
+        raise ValueError(
+            f"the GPU conversion needs a power-of-two head_dim (Hadamard rotation), got {rotation.head_dim}"
+        )
+    book = tq3_codebook(rotation.head_dim)
+    sqrt_d = float(torch.tensor(math.sqrt(rotation.head_dim), dtype=torch.float32))
+    return (
+        tuple(float(c) for c in book.centroids),
+        tuple(float(t) for t in book.thresholds),
+        rotation.inv_sqrt_d,
+        sqrt_d,
+    )
+
+
+def _scales(k_scale: Scale, v_scale: Scale, device: torch.device) -> torch.Tensor:
+    return torch.tensor(
+        [1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale)],
+        dtype=torch.float32,
+        device=device,
+    )
+
+
+def _as_fp8(cache: torch.Tensor) -> torch.Tensor:
+    return cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+
+
+def fp8_to_tq3(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    src_pages: torch.Tensor,
+    dst_pages: torch.Tensor,
+    tq3_pages: torch.Tensor,
+    rotation: LayerRotation,
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
+) -> None:
+    """Retier: FP8 pages ``src_pages`` of one layer (k/v ``[n_fp8, P, H, D]`` e4m3 or uint8) ->
+    TQ3P pages ``dst_pages`` of ``tq3_pages`` ``[n_tq3, page_bytes]`` uint8, in place. The bytes equal
+    ``encode_pages(k[src].transpose(1, 2), v[src].transpose(1, 2), ...)`` of the torch codec."""
+    _, page_size, heads, dim = k_cache.shape
+    kernel = fp8_to_tq3_kernel(heads, page_size, dim, *_kernel_constants(rotation))
+    kernel(
+        _as_fp8(k_cache),
+        _as_fp8(v_cache),
+        src_pages.to(torch.int32),
+        dst_pages.to(torch.int32),
+        rotation.signs.to(k_cache.device),
+        _scales(k_scale, v_scale, k_cache.device),
+        tq3_pages,
+        tq3_pages.view(torch.float16),
+    )
+
+
+def tq3_to_fp8(
+    tq3_pages: torch.Tensor,
+    src_pages: torch.Tensor,
+    dst_pages: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rotation: LayerRotation,
+    *,
+    k_scale: Scale = None,
+    v_scale: Scale = None,
+) -> None:
+    """Promote: TQ3P pages ``src_pages`` -> FP8 pages ``dst_pages`` of k/v ``[n_fp8, P, H, D]``, in
+    place; equals ``fp8_quantize(to_original_space(decode_pages(...)), scale)`` of the torch codec."""
+    _, page_size, heads, dim = k_cache.shape
+    centroids, _, inv_sqrt_d, _ = _kernel_constants(rotation)
+    kernel = tq3_to_fp8_kernel(heads, page_size, dim, centroids, inv_sqrt_d)
+    kernel(
+        tq3_pages,
+        tq3_pages.view(torch.float16),
+        src_pages.to(torch.int32),
+        dst_pages.to(torch.int32),
+        rotation.signs.to(k_cache.device),
+        _scales(k_scale, v_scale, k_cache.device),
+        _as_fp8(k_cache),
+        _as_fp8(v_cache),
+    )

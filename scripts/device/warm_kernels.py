@@ -1,0 +1,114 @@
+"""Compile every kernel the GPU tests and the benchmark use, in parallel, before they run.
+
+TileLang kernels (nvcc) and FlashInfer's JIT modules each take seconds to tens of seconds to build;
+built one after another inside the tests they would eat most of a device call. Threads overlap the
+nvcc/ninja subprocesses on the device's CPU cores; the caches they fill (~/.tilelang, ~/.cache/flashinfer)
+serve the tests and the benchmark that follow in the same call.
+"""
+
+import math
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import flashinfer
+import torch
+from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
+from minima_kernels.decode import key_centroids_fp16
+from sglang_minima.codec import tq3_codebook
+
+TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
+BENCH_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 64), (9, 3, 64, 64)]
+
+
+def tilelang_jobs(decode_only: bool):
+    """All kernels of the tests and the benchmark; with decode_only, those of the decode tests and
+    the decode benchmark (no TQ3 -> FP8, FP8 -> TQ3 only where the benchmark builds its TQ3 pools)."""
+    for hq, h, d, p in sorted(set(TEST_GEOMETRIES + BENCH_GEOMETRIES)):
+        in_bench = (hq, h, d, p) in BENCH_GEOMETRIES
+        g = hq // h
+        book = tq3_codebook(d)
+        cent = tuple(float(c) for c in book.centroids)
+        thr = tuple(float(t) for t in book.thresholds)
+        inv = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
+        sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
+        yield (
+            f"tq3_decode {hq}/{h}/{d}/p{p}",
+            lambda h=h, g=g, d=d, p=p: tq3_decode_kernel(
+                h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p)
+            ),
+        )
+        yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
+        if in_bench or not decode_only:
+            yield (
+                f"fp8_to_tq3 {h}/{d}/p{p}",
+                lambda h=h, p=p, d=d, cent=cent, thr=thr, inv=inv, s=sqrt_d: fp8_to_tq3_kernel(
+                    h, p, d, cent, thr, inv, s
+                ),
+            )
+        if not decode_only:
+            yield (
+                f"tq3_to_fp8 {h}/{d}/p{p}",
+                lambda h=h, p=p, d=d, cent=cent, inv=inv: tq3_to_fp8_kernel(h, p, d, cent, inv),
+            )
+
+
+def variant_jobs():
+    sys.path.insert(0, "benchmark/kernels")
+    from bench_decode import LIBRARY_BUILD, TQ3_VARIANTS, tq3_variant_kernel
+
+    for hq, h, d, _ in BENCH_GEOMETRIES:
+        for name in TQ3_VARIANTS:
+            if name == LIBRARY_BUILD:
+                continue  # made by tilelang_jobs
+            yield (
+                f"tq3 variant {name} {hq}/{h}/{d}",
+                lambda hq=hq, h=h, d=d, name=name: tq3_variant_kernel(hq, h, d, name),
+            )
+
+
+def flashinfer_jobs():
+    workspace = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    for hq, h, d, _ in BENCH_GEOMETRIES:
+        for dtype in (torch.float8_e4m3fn, torch.bfloat16):
+
+            def build(hq=hq, h=h, d=d, dtype=dtype):
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+                indptr = torch.tensor([0, 2], dtype=torch.int32, device="cuda")
+                w.plan(
+                    indptr,
+                    torch.tensor([0, 1], dtype=torch.int32, device="cuda"),
+                    torch.tensor([3], dtype=torch.int32, device="cuda"),
+                    hq,
+                    h,
+                    d,
+                    16,
+                    q_data_type=torch.bfloat16,
+                    kv_data_type=dtype,
+                )
+                kv = torch.randn(2, 16, h, d, device="cuda").to(dtype)
+                w.run(torch.randn(1, hq, d, device="cuda").to(torch.bfloat16), (kv, kv), return_lse=True)
+                torch.cuda.synchronize()
+
+            yield f"flashinfer {hq}/{h}/{d} {dtype}", build
+
+
+def main() -> int:
+    t0 = time.time()
+    jobs = list(variant_jobs()) + list(tilelang_jobs("--decode-only" in sys.argv)) + list(flashinfer_jobs())
+    failed = 0
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        futures = {name: pool.submit(fn) for name, fn in jobs}
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                print(f"built {name}  (t={time.time() - t0:.0f}s)", flush=True)
+            except Exception as e:  # noqa: BLE001 - report and go on: the tests show the failure too
+                failed += 1
+                print(f"FAILED {name}: {type(e).__name__}: {str(e)[-2000:]}", flush=True)
+    print(f"warm: {len(jobs) - failed}/{len(jobs)} built in {time.time() - t0:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""minima_kernels on the GPU against the torch reference (codec + ops).
+
+Decode: mixed FP8 / TQ3 batches with odd lengths, real-like K/V (outlier channels), requests without
+TQ3 pages, all-FP8 and all-TQ3 batches; the kernels' own buffers are NaN-poisoned before each run.
+Conversion: FP8 -> TQ3 and TQ3 -> FP8 bytes must equal the torch codec's, on poisoned destinations.
+"""
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GEOMETRIES = [  # (q heads, kv heads, head dim, page size)
+    (24, 4, 256, 64),
+    (32, 8, 128, 32),
+    (9, 3, 64, 16),
+]
+OUT_RTOL = 2e-2
+LSE_ATOL = 2e-2
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _wrapper(hq: int, h: int, d: int, p: int):
+    from minima_kernels import MinimaDecodeWrapper
+
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    return MinimaDecodeWrapper(workspace, hq, h, d, p)
+
+
+def _run_poisoned(wrapper, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    wrapper.plan(*batch.plan_args())
+    if wrapper.tq3_plan is not None:
+        for buf in (
+            wrapper.tq3_plan.out_partial,
+            wrapper.tq3_plan.lse_partial,
+            wrapper.tq3_plan.out,
+            wrapper.tq3_plan.lse,
+        ):
+            buf.fill_(float("nan"))
+    out, lse = wrapper.run(
+        batch.q,
+        (batch.k_fp8.view(torch.float8_e4m3fn), batch.v_fp8.view(torch.float8_e4m3fn)),
+        batch.tq3_pages,
+        batch.rotation.matrix().cuda(),
+        k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
+    )
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def _check(batch, out: torch.Tensor, lse: torch.Tensor, hq: int, d: int) -> None:
+    ref_out, ref_lse = batch.reference(d**-0.5)
+    assert out.shape == (batch.batch, hq, d) and lse.shape == (batch.batch, hq)
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+    rel = _rel(out, ref_out)
+    lse_err = float((lse - ref_lse).abs().max())
+    print(f"rel_err(out)={rel:.2e} max|dlse|={lse_err:.2e}")
+    assert rel < OUT_RTOL
+    assert lse_err < LSE_ATOL
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int) -> None:
+    from kv_fixtures import make_batch
+
+    # odd fills of the last FP8 page, one request without TQ3 pages, ~75% Stale overall
+    batch = make_batch(hq, h, d, p, [1, 3, 2, 1, 2], [9, 0, 5, 13, 1], [1, p - 1, p, 7, 3], seed=hq + p)
+    out, lse = _run_poisoned(_wrapper(hq, h, d, p), batch)
+    _check(batch, out, lse, hq, d)
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_all_fp8_and_all_tq3(hq: int, h: int, d: int, p: int) -> None:
+    from kv_fixtures import make_batch
+
+    wrapper = _wrapper(hq, h, d, p)
+    all_fp8 = make_batch(hq, h, d, p, [4, 1, 6], [0, 0, 0], [p, 5, 1], seed=1)
+    _check(all_fp8, *_run_poisoned(wrapper, all_fp8), hq, d)
+    all_tq3 = make_batch(hq, h, d, p, [0, 0, 0], [4, 1, 17], [0, 0, 0], seed=2)
+    _check(all_tq3, *_run_poisoned(wrapper, all_tq3), hq, d)
+
+
+def test_request_without_fp8_pages() -> None:
+    from kv_fixtures import make_batch
+
+    hq, h, d, p = GEOMETRIES[1]
+    batch = make_batch(hq, h, d, p, [2, 0, 1], [3, 6, 0], [9, 0, 4], seed=3)
+    _check(batch, *_run_poisoned(_wrapper(hq, h, d, p), batch), hq, d)
+
+
+def test_long_context_many_splits() -> None:
+    from kv_fixtures import make_batch
+
+    hq, h, d, p = GEOMETRIES[0]
+    batch = make_batch(hq, h, d, p, [2], [301], [37], seed=4)
+    wrapper = _wrapper(hq, h, d, p)
+    out, lse = _run_poisoned(wrapper, batch)
+    assert wrapper.tq3_plan.num_splits > 1
+    _check(batch, out, lse, hq, d)
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
+    from kv_fixtures import fp8_pages, tq3_pages_from
+    from minima_kernels import fp8_to_tq3
+    from sglang_minima.codec import LayerRotation, TQ3PageLayout, page_fields
+
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    layout = TQ3PageLayout(h, p, d)
+    rotation = LayerRotation(h, d, layer_id=3, seed=7, device="cuda")
+    k_scale, v_scale = 0.37, 0.29  # non-power-of-two scales: the dequant multiply rounds
+    k = fp8_pages(12, p, h, d, k_scale, gen, "cuda")
+    v = fp8_pages(12, p, h, d, v_scale, gen, "cuda")
+    k[0, 0, 0] = 0  # an all-zero key and value: the codec's zero-norm / zero-scale branches
+    v[0, 0, 0] = 0
+    src = torch.tensor([5, 0, 11, 3, 7], dtype=torch.int32, device="cuda")
+    dst = torch.tensor([2, 6, 0, 4, 1], dtype=torch.int32, device="cuda")
+    pool = torch.full((8, layout.page_bytes), 0xAB, dtype=torch.uint8, device="cuda")
+    fp8_to_tq3(k, v, src, dst, pool, rotation, k_scale=k_scale, v_scale=v_scale)
+    torch.cuda.synchronize()
+    ref = tq3_pages_from(k[src.long()], v[src.long()], layout, rotation, k_scale, v_scale)
+    got = pool[dst.long()]
+    print(f"fp8_to_tq3: {int((got != ref).sum())} of {ref.numel()} bytes differ")
+    mine, theirs = page_fields(got, layout), page_fields(ref, layout)
+    for name in ("k_codes", "v_codes", "k_norm", "v_scale"):
+        a, b = getattr(mine, name), getattr(theirs, name)
+        assert bool((a.view(torch.uint8) == b.view(torch.uint8)).all()), (
+            f"{name} differs at {(a != b).nonzero()[:8].tolist()}"
+        )
+    # v_zero = fp16(min of the rotated row): bit-identical, except that the sign of a zero minimum
+    # (an all-zero value row rotates to a mix of +0 and -0) is whatever each amin meets first
+    zero_a, zero_b = mine.v_zero, theirs.v_zero
+    same_bits = zero_a.view(torch.int16) == zero_b.view(torch.int16)
+    signed_zero = (zero_a == 0) & (zero_b == 0)
+    assert bool((same_bits | signed_zero).all()), f"v_zero differs at {(~same_bits).nonzero()[:8].tolist()}"
+    print(f"v_zero: {int((~same_bits).sum())} value(s) differ only in the sign of zero")
+    assert int((got != ref).sum()) == int((~same_bits).sum())
+    untouched = [i for i in range(8) if i not in dst.tolist()]
+    assert bool((pool[untouched] == 0xAB).all())
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
+    from kv_fixtures import fp8_pages, tq3_pages_from
+    from minima_kernels import tq3_to_fp8
+    from sglang_minima.codec import (
+        LayerRotation,
+        TQ3PageLayout,
+        decode_pages,
+        fp8_quantize,
+        to_original_space,
+        tq3_codebook,
+    )
+
+    gen = torch.Generator(device="cuda").manual_seed(d + 1)
+    layout = TQ3PageLayout(h, p, d)
+    rotation = LayerRotation(h, d, layer_id=1, seed=5, device="cuda")
+    tq3 = tq3_pages_from(
+        fp8_pages(6, p, h, d, 0.5, gen, "cuda"), fp8_pages(6, p, h, d, 0.25, gen, "cuda"), layout, rotation, 0.5, 0.25
+    )
+    src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
+    dst = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
+    k_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
+    v_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
+    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=0.5, v_scale=0.25)
+    torch.cuda.synchronize()
+    k_rot, v_rot = decode_pages(tq3[src.long()], layout, tq3_codebook(d))
+    ref_k = fp8_quantize(to_original_space(k_rot, rotation), 0.5).transpose(1, 2)
+    ref_v = fp8_quantize(to_original_space(v_rot, rotation), 0.25).transpose(1, 2)
+    bad_k = int((k_cache[dst.long()] != ref_k).sum())
+    bad_v = int((v_cache[dst.long()] != ref_v).sum())
+    print(f"tq3_to_fp8: {bad_k} K and {bad_v} V bytes differ of {ref_k.numel()} each")
+    assert bad_k == 0 and bad_v == 0
+    assert bool((k_cache[[1, 4]] == 0x7F).all())
