@@ -96,3 +96,35 @@ def test_concurrent_requests_with_aborts_leave_no_pages(default_server):
                                                "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=120)
     assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
     assert requests.get(url + "/health", timeout=30).status_code == 200
+
+
+def test_few_fp8_pages_admit_long_prompts_without_crashing(tmp_path):
+    """With 10% FP8 pages a batch of long prompts needs more new pages than there are FP8 pages:
+    admission must chunk and queue by the FP8 pages left (then convert), never fail allocation."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from minima_test_support.server import launch
+
+    server = launch(["--minima-fp8-page-fraction", "0.1", "--max-total-tokens", "8192",
+                     "--max-running-requests", "8"], tmp_path / "lean.log",
+                    env={"SGLANG_DEBUG_MEMORY_POOL": "1"})
+    try:
+        info = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]["minima"]
+        assert info["pool"]["fp8_pages"] * 64 < 6 * 900  # the batch below cannot all be FP8 at once
+
+        def ask(i: int) -> dict:
+            text = f"Request {i}. " + " ".join(f"word{i}_{j}" for j in range(300))  # ~900 tokens
+            r = requests.post(server.url + "/generate", json={
+                "text": text, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            }, timeout=900)
+            r.raise_for_status()
+            return r.json()
+
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(ask, range(6)))
+        assert all(o["meta_info"]["completion_tokens"] == 8 for o in outs)
+        stats = _minima(server.url)["stats"]
+        assert stats["retier"]["pages"] + stats["pressure_retier_pages"] > 0
+        assert requests.get(server.url + "/health", timeout=30).status_code == 200
+    finally:
+        server.stop()

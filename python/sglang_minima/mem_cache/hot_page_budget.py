@@ -22,6 +22,15 @@ class HotPageBudget(PrefillBudget):
     def remaining_current(self):
         return min(super().remaining_current, self.remaining_hot)
 
+    def check_prefill(self, *, chunk_limit: int | None, **kwargs) -> tuple[bool, int | None]:
+        """SGLang's admission check, then cap the request's chunk by the hot pages left: its new
+        pages plus the one extra page ``reserve`` charges per request must all be hot."""
+        can_admit, limit = super().check_prefill(chunk_limit=chunk_limit, **kwargs)
+        hot_limit = (self.remaining_hot // self.page_size - 1) * self.page_size
+        if not can_admit or hot_limit <= 0:
+            return False, None
+        return True, hot_limit if limit is None else min(limit, hot_limit)
+
     def available_chunk_tokens(self, chunk_limit: int) -> int | None:
         available = min(chunk_limit, int(self.remaining_total), self.remaining_hot)
         available = available // self.page_size * self.page_size
