@@ -156,17 +156,23 @@ def render(results: list[ArmResult], args) -> str:
     base = next(r for r in results if r.arm == "sglang")
     fp8 = next((r for r in results if r.arm == "minima-fp8"), None)
     lines = [
-        "| arm | bytes/token | logical tokens | x SGLang | x FP8 | peak running | out tok/s | req/s | mean TTFT ms | p99 TTFT ms | mean TPOT ms | page mix (hot/TQ3) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | bytes/token | logical tokens | x SGLang | x FP8 | peak running | out tok/s | req/s | mean TTFT ms "
+        "| p99 TTFT ms | mean TPOT ms | pages at end FP8/TQ3 | converted (step/pressure) | prefix-hit pages FP8/TQ3 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        pages = r.minima.get("pages", {})
-        mix = f"{pages.get('hot', '-')}/{pages.get('tq3', '-')}" if pages else "-"
+        mix = conv = hits = "-"
+        if r.minima:
+            rows, stats = r.minima["memory"]["rows"], r.minima["stats"]
+            hot = sum(rows[k]["pages"] for k in ("recent", "anchor", "fp8_other", "held_fp8"))
+            mix = f"{hot}/{rows['stale']['pages'] + rows['held_tq3']['pages']}"
+            conv = f"{stats['retier']['pages']}/{stats['pressure_retier_pages']}"
+            hits = f"{stats['prefix_hit_hot_pages']}/{stats['prefix_hit_tq3_pages']}"
         x_fp8 = f"{r.max_total_tokens / fp8.max_total_tokens:.2f}" if fp8 else "-"
         lines.append(
             f"| {r.arm} | {r.bytes_per_token:.0f} | {r.max_total_tokens} | {r.max_total_tokens / base.max_total_tokens:.2f} "
             f"| {x_fp8} | {r.peak_running_requests} | {r.output_throughput:.1f} | {r.request_throughput:.2f} "
-            f"| {r.mean_ttft_ms:.0f} | {r.p99_ttft_ms:.0f} | {r.mean_tpot_ms:.0f} | {mix} |")
+            f"| {r.mean_ttft_ms:.0f} | {r.p99_ttft_ms:.0f} | {r.mean_tpot_ms:.0f} | {mix} | {conv} | {hits} |")
     return "\n".join(lines)
 
 
@@ -186,7 +192,12 @@ def main() -> None:
     ap.add_argument("--arms", default="sglang,minima-fp8,minima,minima-lean")
     ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench_serving")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    ap.add_argument("--from-json", type=Path, help="re-render the table of an earlier run's serving.json")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print(render([ArmResult(**r) for r in saved["results"]], args))
+        return
 
     model_dir = ensure_default_model()
     geometry = model_geometry(model_dir)

@@ -51,3 +51,15 @@ def test_bad_dtypes():
         fp8_quantize(torch.zeros(3, dtype=torch.int32))
     with pytest.raises(TypeError, match="dtype=torch.float32"):
         fp8_dequantize(torch.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_equals_torch_cast_for_every_bit_pattern(dtype):
+    patterns = torch.arange(256, dtype=torch.uint8).view(2, 8, 16)
+    want = patterns.view(torch.float8_e4m3fn).to(dtype)
+    got = fp8_dequantize(patterns, dtype=dtype)
+    assert got.dtype == dtype and got.shape == patterns.shape
+    nan = torch.isnan(want)
+    assert int(nan.sum()) == 2 and torch.equal(torch.isnan(got), nan)  # 0x7F and 0xFF
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    assert torch.equal(got[~nan].view(bits), want[~nan].view(bits))  # same bits, -0 included

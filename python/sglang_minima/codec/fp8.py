@@ -30,9 +30,23 @@ def fp8_quantize(x: torch.Tensor, scale: Scale = None) -> torch.Tensor:
     return x.to(FP8_DTYPE).view(torch.uint8)
 
 
+_DECODE_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _decode_table(device: torch.device) -> torch.Tensor:
+    """fp32 value of each of the 256 e4m3 bit patterns (torch's own cast, computed once)."""
+    table = _DECODE_TABLES.get(device)
+    if table is None:
+        table = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).to(torch.float32).to(device)
+        _DECODE_TABLES[device] = table
+    return table
+
+
 def fp8_dequantize(u8: torch.Tensor, scale: Scale = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 e4m3 bit patterns -> ``dtype`` values times the per-layer scale."""
     if u8.dtype != torch.uint8:
         raise TypeError(f"fp8_dequantize expects uint8 e4m3 bit patterns, got dtype={u8.dtype}")
-    x = u8.view(FP8_DTYPE).to(dtype)
+    # A table lookup gives the cast's exact values (every e4m3 value is exact in fp32, bf16 and
+    # fp16) about 5x faster than torch's element-wise fp8 cast on CPU, the reference's hot path.
+    x = _decode_table(u8.device).index_select(0, u8.reshape(-1).to(torch.int32)).view(u8.shape).to(dtype)
     return x if scale is None else x * scale
