@@ -62,6 +62,12 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
         from sglang_minima.models import ensure_default_model
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
+    if not on_cpu and _flag_value(sglang_argv, "--attention-backend") is None:
+        raise LaunchError(
+            "--attention-backend: Minima's GPU attention backend is not part of this release yet "
+            "(its kernels are, in minima_kernels); serve with --device cpu, or pass "
+            "--attention-backend minima_native to run the torch reference path on the GPU"
+        )
     sglang_argv += _default_flags(sglang_argv, on_cpu)
     set_active_config(config)
     return config, sglang_argv
@@ -112,7 +118,7 @@ def check_supported(server_args) -> None:
 
 def _default_flags(argv: list[str], on_cpu: bool) -> list[str]:
     defaults: list[tuple[tuple[str, ...], list[str]]] = [
-        (("--attention-backend",), ["--attention-backend", "minima_native" if on_cpu else "minima"]),
+        (("--attention-backend",), ["--attention-backend", "minima_native"]),
         (("--radix-cache-backend",), ["--radix-cache-backend", "minima"]),
         (("--page-size",), ["--page-size", str(DEFAULT_PAGE_SIZE)]),
     ]

@@ -34,6 +34,13 @@ def test_defaults_select_minima_on_cpu(monkeypatch, tmp_path):
     assert not any(a.startswith("--minima-") for a in argv)
 
 
+def test_gpu_without_backend_is_refused_naming_the_flag(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    with pytest.raises(LaunchError) as exc:
+        launch_server.prepare(["--model-path", str(tmp_path)])
+    assert exc.value.message.startswith("--attention-backend")
+
+
 def test_user_flags_win_over_defaults(monkeypatch, tmp_path):
     monkeypatch.setattr("sglang_minima.cpu_engine.setup_cpu_engine", lambda: None)
     _, argv = launch_server.prepare(["--device", "cpu", "--model-path", str(tmp_path),
