@@ -33,8 +33,8 @@ class LaunchError(SystemExit):
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        config, sglang_argv = prepare(argv)
-        server_args = build_server_args(sglang_argv, config)
+        _, sglang_argv = prepare(argv)
+        server_args = build_server_args(sglang_argv)
     except LaunchError as e:
         print(f"sglang_minima.launch_server: error: {e.message}", file=sys.stderr)
         raise
@@ -54,6 +54,12 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
     if _flag_value(sglang_argv, "--device") is None and not _cuda_available():
         sglang_argv += ["--device", "cpu"]
     on_cpu = _flag_value(sglang_argv, "--device") == "cpu"
+    if not on_cpu and _flag_value(sglang_argv, "--attention-backend") is None:
+        raise LaunchError(
+            "--attention-backend: Minima's GPU attention backend is not part of this release yet "
+            "(its kernels are, in minima_kernels); serve with --device cpu, or pass "
+            "--attention-backend minima_native to run the torch reference path on the GPU"
+        )
     if on_cpu:
         from sglang_minima.cpu_engine import setup_cpu_engine
 
@@ -62,18 +68,12 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
         from sglang_minima.models import ensure_default_model
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
-    if not on_cpu and _flag_value(sglang_argv, "--attention-backend") is None:
-        raise LaunchError(
-            "--attention-backend: Minima's GPU attention backend is not part of this release yet "
-            "(its kernels are, in minima_kernels); serve with --device cpu, or pass "
-            "--attention-backend minima_native to run the torch reference path on the GPU"
-        )
     sglang_argv += _default_flags(sglang_argv, on_cpu)
     set_active_config(config)
     return config, sglang_argv
 
 
-def build_server_args(sglang_argv: list[str], config: MinimaConfig):
+def build_server_args(sglang_argv: list[str]):
     """Register the plugin in this process, parse SGLang's flags, reject unsupported combinations."""
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
