@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 CONFIG_ENV = "SGLANG_MINIMA_CONFIG"
@@ -19,30 +19,45 @@ FLAG_PREFIX = "--minima-"
 HOT_DTYPES = ("fp8_e4m3", "auto")
 
 
+def _option(default, help: str):
+    """A config field and its ``--help`` text."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class MinimaConfig:
     """Minima-KV settings. Each field is the flag ``--minima-<field-with-dashes>``."""
 
-    recent_pages: int = 4
-    """Last pages of each request kept FP8 (Recent tier)."""
-    sink_pages: int = 1
-    """First pages of each sequence kept FP8 (Anchor tier, attention sinks)."""
-    anchor_pages: int = 0
-    """Extra Anchor budget per request, filled by score (age, structure, attention score)."""
-    fp8_page_fraction: float = 0.25
-    """Fraction of the logical pages that can be backed by FP8 pages; the rest are TQ3 pages."""
-    hot_dtype: str = "fp8_e4m3"
-    """Storage of Recent/Anchor pages: fp8_e4m3, or auto (the model dtype: SGLang's own path)."""
-    disable_stale: bool = False
-    """Never convert pages to TQ3 (every page stays in the hot format)."""
-    retier_batch_pages: int = 64
-    """Most pages converted (or promoted) in one batched conversion between steps."""
-    attention_score_anchors: bool = False
-    """Fill the Anchor budget by the attention score (EWMA of page attention mass)."""
-    score_ewma: float = 0.9
-    """EWMA decay of the per-page attention score."""
-    rotation_seed: int = 0
-    """Seed of the randomized Hadamard rotations (one per layer and KV head)."""
+    recent_pages: int = _option(
+        4, "Last pages of each request kept FP8 (Recent tier)."
+    )
+    sink_pages: int = _option(
+        1, "First pages of each sequence kept FP8 (Anchor tier, attention sinks)."
+    )
+    anchor_pages: int = _option(
+        0, "Extra Anchor budget per request, filled by score (age, structure, attention score)."
+    )
+    fp8_page_fraction: float = _option(
+        0.25, "Fraction of the logical pages that can be backed by FP8 pages; the rest are TQ3 pages."
+    )
+    hot_dtype: str = _option(
+        "fp8_e4m3", "Storage of Recent/Anchor pages: fp8_e4m3, or auto (the model dtype: SGLang's own path)."
+    )
+    disable_stale: bool = _option(
+        False, "Never convert pages to TQ3 (every page stays in the hot format)."
+    )
+    retier_batch_pages: int = _option(
+        64, "Most pages converted (or promoted) in one batched conversion between steps."
+    )
+    attention_score_anchors: bool = _option(
+        False, "Fill the Anchor budget by the attention score (EWMA of page attention mass)."
+    )
+    score_ewma: float = _option(
+        0.9, "EWMA decay of the per-page attention score."
+    )
+    rotation_seed: int = _option(
+        0, "Seed of the randomized Hadamard rotations (one per layer and KV head)."
+    )
 
     def __post_init__(self) -> None:
         for name in ("recent_pages", "sink_pages", "anchor_pages", "rotation_seed"):
@@ -86,7 +101,7 @@ def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Minima-KV")
     for f in fields(MinimaConfig):
         dest = "minima_" + f.name
-        doc = _field_doc(f.name)
+        doc = f.metadata["help"]
         if f.type in (bool, "bool"):
             group.add_argument(flag_name(f.name), dest=dest, action="store_true", help=doc)
         else:
@@ -131,27 +146,6 @@ def parse_minima_argv(minima_args: Sequence[str]) -> MinimaConfig:
     except ValueError as e:
         parser.error(str(e))
         raise  # unreachable: parser.error exits
-
-
-def _field_doc(name: str) -> str:
-    return _FIELD_DOCS.get(name, name.replace("_", " "))
-
-
-def _collect_field_docs() -> dict[str, str]:
-    """Field docstrings (the string literal under each field) for --help."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(MinimaConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for prev, node in zip(body, body[1:]):
-        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[prev.target.id] = str(node.value.value)  # type: ignore[union-attr]
-    return docs
-
-
-_FIELD_DOCS = _collect_field_docs()
 
 
 def set_active_config(config: MinimaConfig) -> None:
