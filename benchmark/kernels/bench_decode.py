@@ -19,7 +19,6 @@ import time
 from functools import partial
 
 import flashinfer
-import tilelang
 import torch
 import triton.testing
 from minima_kernels import (
@@ -32,7 +31,7 @@ from minima_kernels import (
     tq3_to_fp8,
 )
 from minima_kernels.decode import key_centroids_fp16
-from sglang_minima.codec import LayerRotation, TQ3PageLayout
+from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
 ROOFLINE_TBPS = 4.2
 PAGE = 64
@@ -72,14 +71,12 @@ def flashinfer_decode(workspace, q, k, v, indptr, indices, last, hq, h, d, page,
 
 
 def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str) -> torch.Tensor:
-    """n_pages TQ3P pages: TQ3_BASE_PAGES made from random FP8 pages by the conversion kernel, tiled."""
+    """n_pages TQ3P pages: TQ3_BASE_PAGES encoded from random K/V by the torch codec (on the GPU), tiled."""
     layout = TQ3PageLayout(h, PAGE, d)
     base = min(n_pages, TQ3_BASE_PAGES)
-    k = (torch.randn(base, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
-    v = (torch.randn(base, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
-    pages = torch.empty(base, layout.page_bytes, dtype=torch.uint8, device=dev)
-    ids = torch.arange(base, dtype=torch.int32, device=dev)
-    fp8_to_tq3(k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5)
+    k = torch.randn(base, h, PAGE, d, device=dev)
+    v = torch.randn(base, h, PAGE, d, device=dev)
+    pages = encode_pages(k, v, layout, rotation, tq3_codebook(d))
     reps = math.ceil(n_pages / base)
     return pages.repeat(reps, 1)[:n_pages].contiguous()
 
@@ -175,27 +172,25 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     return rows
 
 
-LIBRARY_BUILD = "cpasync_128thr_2cta"
-TQ3_VARIANTS = {  # name: (tile kwargs over tile_config, pass configs or None for the library's own)
-    LIBRARY_BUILD: ({}, None),
-    "cpasync_256thr_2cta": ({"threads": 256, "min_blocks": 2}, None),
-    "tma_warpspec_128thr": ({"threads": 128, "min_blocks": 1}, {}),
+LIBRARY_BUILD = "library"
+TQ3_VARIANTS = {  # name: build options over tile_config (warps, resident CTAs per SM, ring stages)
+    LIBRARY_BUILD: lambda d: {},
+    "3stages": lambda d: {"stages": 3},
+    "4stages": lambda d: {"stages": 4},
+    "4warps": lambda d: {"warps": 4, "min_blocks": 2 if d >= 256 else 4},
 }
 
 
 def tq3_variant_kernel(hq: int, h: int, d: int, name: str):
     """The TQ3 decode kernel of one geometry built as TQ3_VARIANTS[name] (page 64)."""
     g = hq // h
-    kwargs, configs = TQ3_VARIANTS[name]
-    args = (h, g, d, PAGE, d**-0.5, key_centroids_fp16(d))
-    tiles = {**tile_config(g, PAGE), **kwargs}
-    if configs is None:  # the library's pass configs (the library build is shared through the jit cache)
-        return tq3_decode_kernel(*args, **tiles)
-    return tilelang.compile(tq3_decode_kernel.get_tir(*args, **tiles), pass_configs=configs)
+    tiles = {**tile_config(g, PAGE, d), **TQ3_VARIANTS[name](d)}
+    return tq3_decode_kernel(h, g, d, PAGE, d**-0.5, key_centroids_fp16(d), **tiles)
 
 
 def tq3_variants(dev: str) -> list[dict]:
-    """TQ3 kernel alone (split decode, no combine), 75% of a 32K context, batch 8, per variant."""
+    """TQ3 kernel alone (split decode, no combine), 75% of a 32K context, batch 8, per variant
+    (the split count is the library's, chosen for its build)."""
     rows = []
     batch, ctx = 8, 32768
     for geom, (hq, h, d) in GEOMETRIES.items():
@@ -205,11 +200,11 @@ def tq3_variants(dev: str) -> list[dict]:
         pool = tq3_pool(batch * n_tq3, h, d, rotation, dev)
         ids = torch.randperm(batch * n_tq3, device=dev).to(torch.int32)
         indptr = torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32, device=dev)
-        splits = choose_num_splits(batch, h, n_tq3)
-        q = torch.randn(batch, hq, d, device=dev).to(torch.float16)
+        splits = choose_num_splits(batch, h, n_tq3, PAGE, d)
+        q = torch.randn(batch, hq, d, device=dev).to(torch.float16).view(torch.int32)
         out = torch.empty(batch, hq, splits, d, device=dev)
         lse = torch.empty(batch, hq, splits, device=dev)
-        views = pool_views(pool, layout)
+        views = pool_views(pool)
         for name in TQ3_VARIANTS:
             kernel = tq3_variant_kernel(hq, h, d, name)
             ms, graph = bench_ms(partial(kernel, q, *views, indptr, ids, out, lse))

@@ -7,7 +7,10 @@ and square roots are IEEE (no fast math) and the kernels are built with ``--fmad
 multiply-add is contracted. One CTA converts one kv head of one page.
 
 FP8 pages are SGLang's layout: k/v ``[num_pages, page_size, num_kv_heads, head_dim]`` e4m3 (the
-``[slots, H, D]`` pool viewed per page); TQ3 pages are TQ3P blocks ``[num_pages, page_bytes]``.
+``[slots, H, D]`` pool viewed per page); TQ3 pages are TQ3P blocks ``[num_pages, page_bytes]``, codes
+in the MMA order of ``sglang_minima.codec.layout``: packing builds each uint32 word of a lane stream
+as the OR of its codes (``layout.lane_word``, through ``layout.pair_coords``), unpacking reads each
+code's three bits where ``layout.code_bit_index`` puts them.
 """
 
 import math
@@ -17,7 +20,18 @@ import tilelang.language as T
 import torch
 from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.fp8 import Scale
-from sglang_minima.codec.layout import BYTES_PER_GROUP, CODES_PER_GROUP, NUM_CODES, TQ3_BITS, TQ3PageLayout
+from sglang_minima.codec.layout import (
+    CHUNK_TOKENS,
+    KEY,
+    LANES,
+    NUM_CODES,
+    TQ3_BITS,
+    TRIPLE_WORDS,
+    VALUE,
+    TQ3PageLayout,
+    code_bit_index,
+    lane_word,
+)
 from sglang_minima.codec.rotation import LayerRotation
 
 FLT_MIN = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: squared norms below it code as zero
@@ -42,23 +56,26 @@ def _count_below(thresholds: tuple[float, ...], u):
     return count
 
 
-def _pack_word(code_s, t, g):
-    """The little-endian 24-bit word of the 8 codes of group g of row t."""
-    word = T.Cast(T.uint32, code_s[t, g * CODES_PER_GROUP])
-    for e in range(1, CODES_PER_GROUP):
-        word = word | (T.Cast(T.uint32, code_s[t, g * CODES_PER_GROUP + e]) << (TQ3_BITS * e))
-    return word
+def _chunk_codes(code_s, chunk):
+    """code(token, dim) of a 16-token chunk of the shared code tile, as uint32 (for layout.lane_word)."""
+    return lambda t, d: T.Cast(T.uint32, code_s[chunk * CHUNK_TOKENS + t, d])
 
 
-def _unpack(tq3, src, offset, row, d):
-    """Code of coordinate d of the token whose code row starts at byte ``offset + row``."""
-    base = offset + row + (d // CODES_PER_GROUP) * BYTES_PER_GROUP
-    word = (
-        T.Cast(T.uint32, tq3[src, base])
-        | (T.Cast(T.uint32, tq3[src, base + 1]) << 8)
-        | (T.Cast(T.uint32, tq3[src, base + 2]) << 16)
-    )
-    return T.Cast(T.int32, (word >> ((d % CODES_PER_GROUP) * TQ3_BITS)) & (NUM_CODES - 1))
+def _unpack(tq3, src, head_offset: int, kind: str, t, d, head_dim: int):
+    """Code of (token t, dim d) of a head's code block starting at byte ``head_offset`` of page src:
+    its three bits where layout.code_bit_index puts them."""
+    code = None
+    for bit in range(TQ3_BITS):
+        index = code_bit_index(kind, t, d, bit, head_dim, where=T.if_then_else)
+        value = ((T.Cast(T.int32, tq3[src, head_offset + index // 8]) >> (index % 8)) & 1) << bit
+        code = value if code is None else code | value
+    return code
+
+
+def _plus_zero(x):
+    """fp32 x + 0.0 (-0.0 -> +0.0, anything else unchanged). An IEEE add that TVM's simplifier cannot
+    fold away: it rewrites ``x + 0.0f`` to ``x``, which is not the same for x = -0.0."""
+    return T.call_extern(T.float32, "__fadd_rn", x, T.float32(0))
 
 
 def _log2(n: int) -> int:
@@ -109,7 +126,8 @@ def fp8_to_tq3_kernel(
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = _log2(D)
-    cb = layout.code_bytes_per_token
+    hb = layout.head_code_bytes
+    lane_words = layout.lane_words
     pad_offset = layout.payload_bytes + layout.metadata_bytes
     pad_bytes = layout.page_bytes - pad_offset
     squares = tuple(c * c for c in centroids)  # fp32 products of fp32 values: exact in float64, rounded below
@@ -124,13 +142,14 @@ def fp8_to_tq3_kernel(
             x_s[t, d] = x_s[t, d] * T.float32(inv_sqrt_d)
 
     @T.macro
-    def pack(code_s, dst, h, offset, tq3):
-        for t, g in T.Parallel(P, D // CODES_PER_GROUP):
-            word = _pack_word(code_s, t, g)
-            row = offset + (h * P + t) * cb + g * BYTES_PER_GROUP
-            tq3[dst, row] = T.Cast(T.uint8, word & 0xFF)
-            tq3[dst, row + 1] = T.Cast(T.uint8, (word >> 8) & 0xFF)
-            tq3[dst, row + 2] = T.Cast(T.uint8, (word >> 16) & 0xFF)
+    def pack(code_s, dst, h, offset, kind, tq3):
+        # one thread per 96-bit triple of a lane stream (MMA order): 3 uint32 words, 4 bytes each
+        for chunk, lane, triple in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words // TRIPLE_WORDS):
+            for j in T.unroll(TRIPLE_WORDS):
+                word = lane_word(kind, lane, triple, j, _chunk_codes(code_s, chunk))
+                base = offset + h * hb + 4 * ((chunk * LANES + lane) * lane_words + TRIPLE_WORDS * triple + j)
+                for b in T.unroll(4):
+                    tq3[dst, base + b] = T.Cast(T.uint8, (word >> (8 * b)) & 0xFF)
 
     @T.macro
     def zero_padding(tq3, dst, h):
@@ -180,7 +199,7 @@ def fp8_to_tq3_kernel(
                 tq3_f16[dst, layout.k_norm_offset // 2 + h * P + t] = T.Cast(
                     T.float16, T.if_then_else(ratio_s[t] == 0, T.float32(0), norm_s[t] / T.sqrt(s_s[t, 0]))
                 )
-            pack(code_s, dst, h, layout.k_codes_offset, tq3)
+            pack(code_s, dst, h, layout.k_codes_offset, KEY, tq3)
 
             # values: rotate, per-token min/max, fp16 zero and scale, round-half-even codes
             load_rotated(src, x_s, h, v_fp8, kv_scale[1], signs)
@@ -194,8 +213,11 @@ def fp8_to_tq3_kernel(
                         s_s[t, j] = T.min(s_s[t, j], s_s[t, j + half])
                         m_s[t, j] = T.max(m_s[t, j], m_s[t, j + half])
             for t in T.Parallel(P):
-                zero16 = T.Cast(T.float16, s_s[t, 0])
-                scale16 = T.Cast(T.float16, (m_s[t, 0] - s_s[t, 0]) / T.float32(NUM_CODES - 1))
+                # + 0.0: a zero min (max) is stored as +0.0 whatever the reduction order met first, as the codec does
+                lo = _plus_zero(s_s[t, 0])
+                hi = _plus_zero(m_s[t, 0])
+                zero16 = T.Cast(T.float16, lo)
+                scale16 = T.Cast(T.float16, (hi - lo) / T.float32(NUM_CODES - 1))
                 tq3_f16[dst, layout.v_scale_offset // 2 + h * P + t] = scale16
                 tq3_f16[dst, layout.v_zero_offset // 2 + h * P + t] = zero16
                 norm_s[t] = T.Cast(T.float32, scale16)
@@ -208,7 +230,7 @@ def fp8_to_tq3_kernel(
                         norm_s[t] == 0, T.float32(0), T.min(T.max(q, T.float32(0)), T.float32(NUM_CODES - 1))
                     ),
                 )
-            pack(code_s, dst, h, layout.v_codes_offset, tq3)
+            pack(code_s, dst, h, layout.v_codes_offset, VALUE, tq3)
             zero_padding(tq3, dst, h)
 
     return fp8_to_tq3
@@ -231,7 +253,7 @@ def tq3_to_fp8_kernel(
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = _log2(D)
-    cb = layout.code_bytes_per_token
+    hb = layout.head_code_bytes
     n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")
 
     @T.macro
@@ -257,14 +279,14 @@ def tq3_to_fp8_kernel(
             src = src_pages[c]
             dst = dst_pages[c]
             for t, d in T.Parallel(P, D):
-                code_s[t, d] = _unpack(tq3, src, layout.k_codes_offset, (h * P + t) * cb, d)
+                code_s[t, d] = _unpack(tq3, src, layout.k_codes_offset + h * hb, KEY, t, d, D)
             for t, d in T.Parallel(P, D):
                 x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
                     centroids, code_s[t, d]
                 )
             store_unrotated(x_s, dst, h, k_fp8, kv_scale[0], signs)
             for t, d in T.Parallel(P, D):
-                code_s[t, d] = _unpack(tq3, src, layout.v_codes_offset, (h * P + t) * cb, d)
+                code_s[t, d] = _unpack(tq3, src, layout.v_codes_offset + h * hb, VALUE, t, d, D)
             for t, d in T.Parallel(P, D):
                 x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.v_scale_offset // 2 + h * P + t]) * T.Cast(
                     T.float32, code_s[t, d]

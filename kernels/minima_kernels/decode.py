@@ -4,24 +4,24 @@ count, output buffers, kernel selection); ``run()`` only launches device work, s
 in a CUDA graph with the planned buffers.
 
 Per request, the FP8 pages (Recent + Anchor) and the TQ3 pages (Stale) are two disjoint sets of the
-request's KV; attention is order-free, so each set is attended on its own, giving (out, lse) in base 2,
-and the two states are merged with ``flashinfer.merge_state`` (also base 2). The TQ3 part runs in the
-rotated space: q' = R q before, out = R^T out' after (two small batched matmuls).
+request's KV; attention is order-free, so each set is attended on its own, giving (out, lse) in base 2.
+The TQ3 part runs in the rotated space. Four launches: q' = R q (``rotate_queries_kernel``), the TQ3
+split decode, FlashInfer over the FP8 pages on a side stream (concurrent with the two before), and
+one epilogue that combines the splits, un-rotates and merges with the FP8 state.
 """
 
-import math
 from dataclasses import dataclass
 
 import flashinfer
 import torch
 from sglang_minima.codec.codebook import tq3_codebook
-from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
 
-from .tq3_decode import CODE_ROW_BYTES, tile_config, tq3_decode_kernel, tq3_merge_splits
+from .rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
+from .tq3_decode import ctas_per_sm, tile_config, tq3_decode_kernel, tq3_merge_splits
 
 NUM_SMS_H200 = 132
-CTAS_PER_SM = 2  # tile_config builds the TQ3 kernel for 2 resident CTAs per SM
-MIN_PAGES_PER_SPLIT = 2
+MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
 
 
 def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
@@ -29,30 +29,23 @@ def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
     return tuple(float(c) for c in tq3_codebook(head_dim).centroids.to(torch.float16).float())
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: int = NUM_SMS_H200) -> int:
-    """Splits per (request, kv head) so that batch * kv_heads * splits fills the SMs about twice,
-    with at least MIN_PAGES_PER_SPLIT pages per split."""
+def choose_num_splits(
+    batch: int, num_kv_heads: int, max_pages: int, page_size: int, head_dim: int, num_sms: int = NUM_SMS_H200
+) -> int:
+    """Splits per (request, kv head) so that batch * kv_heads * splits CTAs fit the GPU's resident CTA
+    slots in one wave (a second, partial wave would leave most SMs idle while it runs), with at least
+    MIN_CHUNKS_PER_WARP chunks per warp in each split."""
     ctas = batch * num_kv_heads
-    want = math.ceil(CTAS_PER_SM * num_sms / ctas)
-    return max(1, min(want, max_pages // MIN_PAGES_PER_SPLIT))
+    want = ctas_per_sm(head_dim) * num_sms // ctas
+    warps = tile_config(0, page_size, head_dim)["warps"]
+    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * warps * CHUNK_TOKENS // page_size))
+    return max(1, min(want, max_pages // min_pages))
 
 
-def pool_views(pages: torch.Tensor, layout: TQ3PageLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Strided views of a TQ3 pool [num_pages, page_bytes] uint8 that the decode kernel reads as tiles:
-    k_codes, v_codes [num_pages, H, P*3D/512, 64] uint8 and meta [num_pages, 3, H, P] fp16."""
-    n, pb = pages.shape[0], layout.page_bytes
-    rows = layout.page_size * layout.code_bytes_per_token // CODE_ROW_BYTES
-    shape = (n, layout.num_kv_heads, rows, CODE_ROW_BYTES)
-    strides = (pb, rows * CODE_ROW_BYTES, CODE_ROW_BYTES, 1)
-    k_codes = pages.as_strided(shape, strides, pages.storage_offset() + layout.k_codes_offset)
-    v_codes = pages.as_strided(shape, strides, pages.storage_offset() + layout.v_codes_offset)
-    halves = pages.view(torch.float16)
-    meta = halves.as_strided(
-        (n, 3, layout.num_kv_heads, layout.page_size),
-        (pb // 2, layout.num_kv_heads * layout.page_size, layout.page_size, 1),
-        halves.storage_offset() + layout.k_norm_offset // 2,
-    )
-    return k_codes, v_codes, meta
+def pool_views(pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two views of a TQ3 pool [num_pages, page_bytes] uint8 that the decode kernel reads:
+    uint32 words (codes) and fp16 halves (norms, scales, zeros), as int32 / float16 tensors."""
+    return pages.view(torch.int32), pages.view(torch.float16)
 
 
 @dataclass
@@ -66,6 +59,7 @@ class TQ3Plan:
     lse_partial: torch.Tensor
     out: torch.Tensor
     lse: torch.Tensor
+    q_rot: torch.Tensor  # [batch, Hq, D] fp16
 
 
 class MinimaDecodeWrapper:
@@ -106,9 +100,18 @@ class MinimaDecodeWrapper:
             page_size,
             self.sm_scale,
             key_centroids_fp16(head_dim),
-            **tile_config(self.group_size, page_size),
+            **tile_config(self.group_size, page_size, head_dim),
         )
         self._merge_kernel = tq3_merge_splits(num_qo_heads, head_dim)
+        dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(q_dtype)
+        if dtype is None:
+            raise ValueError(f"q_dtype must be torch.bfloat16 or torch.float16, got {q_dtype}")
+        self._rotate_kernel = rotate_queries_kernel(num_qo_heads, self.group_size, head_dim, dtype)
+        self._epilogue = {
+            with_fp8: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, with_fp8, dtype)
+            for with_fp8 in (False, True)
+        }
+        self._side_stream = torch.cuda.Stream(self.device)
         self._has_fp8 = self._has_tq3 = False
         self.tq3_plan: TQ3Plan | None = None
 
@@ -149,7 +152,7 @@ class MinimaDecodeWrapper:
             )
         self.tq3_plan = None
         if self._has_tq3:
-            splits = choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()))
+            splits = choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim)
             hq, d = self.num_qo_heads, self.head_dim
             f32 = {"device": dev, "dtype": torch.float32}
             self.tq3_plan = TQ3Plan(
@@ -160,13 +163,20 @@ class MinimaDecodeWrapper:
                 lse_partial=torch.empty(batch, hq, splits, **f32),
                 out=torch.empty(batch, hq, d, **f32),
                 lse=torch.empty(batch, hq, **f32),
+                q_rot=torch.empty(batch, hq, d, device=dev, dtype=torch.float16),
             )
+        hq, d = self.num_qo_heads, self.head_dim
+        self._out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
+        self._lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
+        self._fp8_out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
+        self._fp8_lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
 
     def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq])."""
         p = self.tq3_plan
-        k_codes, v_codes, meta = pool_views(tq3_pages, self.layout)
-        self._tq3_kernel(q_rot, k_codes, v_codes, meta, p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+        words, halves = pool_views(tq3_pages)
+        q_words = q_rot.contiguous().view(torch.int32)
+        self._tq3_kernel(q_words, words, halves, p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
         if p.num_splits == 1:
             return p.out_partial.view(p.out.shape), p.lse_partial.view(p.lse.shape)
         self._merge_kernel(p.out_partial, p.lse_partial, p.out, p.lse)
@@ -182,23 +192,31 @@ class MinimaDecodeWrapper:
         k_scale: float | None = None,
         v_scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [B, Hq, D] (q_dtype) -> (out [B, Hq, D] q_dtype, lse [B, Hq] fp32, base 2)."""
-        b, hq, d = q.shape
-        h, g = self.num_kv_heads, self.group_size
-        parts = []
+        """q [B, Hq, D] (q_dtype) -> (out [B, Hq, D] q_dtype, lse [B, Hq] fp32, base 2). The outputs
+        are the plan's buffers, overwritten by the next run."""
+        if q.dtype != self.q_dtype:
+            raise ValueError(f"q has dtype {q.dtype}, the wrapper was built for {self.q_dtype}")
+
+        def fp8_attention():
+            self._fp8.run(
+                q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True
+            )
+
+        if not self._has_tq3:
+            fp8_attention()
+            return self._fp8_out, self._fp8_lse
+        main = torch.cuda.current_stream(self.device)
+        if self._has_fp8:  # independent of the TQ3 part: overlap them
+            self._side_stream.wait_stream(main)
+            with torch.cuda.stream(self._side_stream):
+                fp8_attention()
+        p = self.tq3_plan
+        words, halves = pool_views(tq3_pages)
+        self._rotate_kernel(q, rotation, p.q_rot)
+        self._tq3_kernel(p.q_rot.view(torch.int32), words, halves, p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
         if self._has_fp8:
-            out, lse = self._fp8.run(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
-            parts.append((out, lse))
-        if self._has_tq3:
-            # q'[b, h, g] = R[h] q[b, h, g]; rows: x R^T
-            q_heads = q.view(b, h, g, d).permute(1, 0, 2, 3).reshape(h, b * g, d).float()
-            q_rot = torch.bmm(q_heads, rotation.transpose(1, 2)).view(h, b, g, d).permute(1, 0, 2, 3)
-            out_rot, lse = self.run_tq3(q_rot.reshape(b, hq, d).to(torch.float16), tq3_pages)
-            # out = R^T out'; rows: x R
-            o_heads = out_rot.view(b, h, g, d).permute(1, 0, 2, 3).reshape(h, b * g, d)
-            out = torch.bmm(o_heads, rotation).view(h, b, g, d).permute(1, 0, 2, 3).reshape(b, hq, d)
-            parts.append((out.to(q.dtype), lse))
-        if len(parts) == 1:
-            return parts[0]
-        (out_a, lse_a), (out_b, lse_b) = parts
-        return flashinfer.merge_state(out_a, lse_a, out_b, lse_b)
+            main.wait_stream(self._side_stream)
+        self._epilogue[self._has_fp8](
+            p.out_partial, p.lse_partial, rotation, self._fp8_out, self._fp8_lse, self._out, self._lse
+        )
+        return self._out, self._lse

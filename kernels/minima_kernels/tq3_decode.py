@@ -1,64 +1,170 @@
 """TQ3 paged split-KV decode attention in TileLang, and the split combine.
 
-One CTA = (split, kv head, request). It walks its share of the request's TQ3 page list (CSR:
-``page_indptr`` / ``page_ids``), one page per tile (TQ3 pages are always full: no masking). Each
-page's packed codes and fp16 metadata move global -> shared as bytes in a 2-stage cp.async pipeline
-(TMA + warp specialization when built without ``TL_DISABLE_WARP_SPECIALIZED``, which measured
-slower); the 3-bit codes are unpacked into fp16 tiles in shared memory through byte-permute lookup
-tables, and the two GEMMs run on tensor cores (mma.sync) with the query heads of the GQA group as
-rows (padded to ``block_h``), so each decoded tile serves the whole group:
+One CTA = (split, kv head, request), 4 warps (``warps``). The CTA's share of the request's TQ3 pages (CSR:
+``page_indptr`` / ``page_ids``) is cut into 16-token chunks (one MMA tile) and the warps take the
+chunks round-robin, each with its own online-softmax state, so the main loop has no CTA barrier.
+Pages store their codes in MMA order (codec/layout.py): each lane copies its own code words of a
+chunk (three coalesced pieces per format) with cp.async into its warp's ring of ``stages`` slots,
+reads them back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core operands
+with bit operations: no decoded tile in shared memory, no lookup table.
 
-    score_t = s_t * (q' . centroids[c_t])            keys: codebook value, per-token norm correction
-    out'    = sum_t p_t (scale_t * c_t + zero_t)     values: GEMM on the raw codes with p_t*scale_t,
-            = (p*scale) @ codes + sum_t p_t zero_t   plus one rank-1 zero term per row
+Both GEMMs put the query heads of the GQA group on the MMA's N = 8 side (swap AB), so a group of up
+to 8 heads costs one n8 tile instead of a padded m16 one, and each decoded tile serves the group:
 
-Softmax is base 2 (``exp2`` with log2(e) folded into the scale); each split writes its partial
-output (rotated space, fp32) and LSE (base 2). A split with no page writes out = 0, lse = -inf.
-``tq3_merge_splits`` combines the splits. The whole computation stays in the rotated space
-(q' = R q in, out' = R^T out afterwards, see ``decode.py``).
+    scores^T = K_chunk [16 tok x D] . q'^T [D x 8 heads]     (keys: Lloyd-Max centroids, fp16)
+    out'^T  += V_chunk^T [D x 16 tok] . (p * v_scale)^T     (values: the raw codes 0..7, exact)
+    out'     = (out'^T)^T + sum_t p_t v_zero_t               (one rank-1 zero term per head)
+
+Key centroids come from the code c by an odd polynomial in y = c - 3.5 (fp16x2 FMAs, coefficients
+fitted per head dim so each level lands within one fp16 ulp of the fp16 codebook value); the score
+scale (norm correction * sm_scale * log2 e) is applied per token after the GEMM. The probabilities
+move from the scores' accumulator layout to the B operand of the value GEMM with ``movmatrix``.
+Softmax is base 2; each split writes its partial output (rotated space, fp32) and LSE (base 2); a
+split with no page writes out = 0, lse = -inf. ``tq3_merge_splits`` combines the splits.
 """
 
+import itertools
+
+import numpy as np
 import tilelang
 import tilelang.language as T
 import torch
-from sglang_minima.codec.layout import BYTES_PER_GROUP, CODES_PER_GROUP, NUM_CODES, TQ3PageLayout
+from sglang_minima.codec.layout import CHUNK_TOKENS, LANES, PAIRS_PER_TRIPLE, TRIPLE_WORDS, TQ3PageLayout
 
 LOG2E = 1.4426950408889634
-CODE_ROW_BYTES = 64  # codes move as rows of 64 bytes: P*3D/8 is a multiple of 64 for P >= 16, D >= 64
+WARPS = 4
+HEADS_PER_TILE = 8  # the MMA's N: query heads of a GQA group per tile
+
+# fp16x2 constants of the decode (bit patterns). A pair's codes sit at bits s..s+2 of each half
+# (s = 1, 4, 7, layout.py); OR-ing them into 1024.0 gives 1024 + c * 2^s, exact in fp16.
+_MAGIC = 0x64006400
+_SHIFTS = (1, 4, 7)
 
 
-def _byte_perm(x, y, selector):
-    return T.call_extern(T.uint32, "__byte_perm", x, y, selector)
+def _half2(x: float) -> int:
+    h = int(np.float16(x).view(np.uint16))
+    return h | h << 16
 
 
-def fp16_lut(values: tuple[float, ...]):
-    """An 8-entry fp16 table held in four 32-bit immediates (low bytes, high bytes), read with byte
-    permutes (``prmt``): no shared-memory lookup, so the decode loops have no data-dependent shared
-    access. ``lookup(word, e)`` decodes code e of an 8-code group word: the 4 codes of a half-word are
-    spread to nibbles and looked up together (2 ``prmt``), then one ``prmt`` per value joins its bytes;
-    the per-quad work is shared by the 4 values after unrolling."""
-    bits = torch.tensor(values, dtype=torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
-    lo = [int(b) & 0xFF for b in bits]
-    hi = [int(b) >> 8 for b in bits]
+def key_poly(centroids: tuple[float, ...]) -> tuple[float, float, float, float]:
+    """Coefficients b0..b3 of g(u), u = y^2, y = c - 3.5, such that y * g(u) evaluated in fp16 with
+    fused multiply-adds (u = y*y; g = ((b3 u + b2) u + b1) u + b0; k = g*y) gives the fp16 centroid of
+    code c, or the closest fit found within +-3 ulps of the exact interpolant (at most 1 ulp off)."""
+    target = np.array(centroids[len(centroids) // 2 :], dtype=np.float64)  # y = 0.5, 1.5, 2.5, 3.5
+    ys = np.array([0.5, 1.5, 2.5, 3.5])
+    exact = np.linalg.solve(np.vander(ys * ys, 4, increasing=True), target / ys)
 
-    def word(bytes4: list[int]) -> int:
-        return bytes4[0] | bytes4[1] << 8 | bytes4[2] << 16 | bytes4[3] << 24
+    def f16(x):
+        return np.float16(x).astype(np.float64)
 
-    lo_a, lo_b, hi_a, hi_b = (T.uint32(word(x)) for x in (lo[:4], lo[4:], hi[:4], hi[4:]))
+    def evaluate(b):
+        u = f16(ys * ys)
+        g = f16(u * b[3] + b[2])
+        g = f16(g * u + b[1])
+        g = f16(g * u + b[0])
+        return f16(g * ys)
 
-    def lookup(group_word, e):
-        quad = T.if_then_else(e < 4, group_word & 0xFFF, group_word >> 12)  # codes 4q .. 4q+3
-        nibbles = (quad & 0x7) | ((quad & 0x38) << 1) | ((quad & 0x1C0) << 2) | ((quad & 0xE00) << 3)
-        lo_bytes = _byte_perm(lo_a, lo_b, nibbles)
-        hi_bytes = _byte_perm(hi_a, hi_b, nibbles)
-        j = T.Cast(T.uint32, e % 4)
-        half_bits = _byte_perm(lo_bytes, hi_bytes, j | ((j + 4) << 4))
-        return T.reinterpret(T.Cast(T.uint16, half_bits), T.float16)
+    base = [f16(x) for x in exact]
+    steps = [float(np.spacing(np.float16(x))) for x in base]
+    best = None
+    for delta in itertools.product(range(-3, 4), repeat=4):
+        b = [f16(base[i] + delta[i] * steps[i]) for i in range(4)]
+        err = float(np.abs(evaluate(b) - target).max())
+        if best is None or err < best[0]:
+            best = (err, b)
+        if err == 0:
+            break
+    return tuple(float(x) for x in best[1])
 
-    return lookup
+
+def _device_source(poly: tuple[float, ...]) -> str:
+    """CUDA helpers: triple decode (keys / values), mma.sync m16n8k16, movmatrix, half2 packing."""
+    b0, b1, b2, b3 = (_half2(x) for x in poly)
+    value_consts = ", ".join(f"{{0x{_half2(2.0**-s):08x}u, 0x{_half2(-(2.0 ** (10 - s))):08x}u}}" for s in _SHIFTS)
+    key_consts = ", ".join(f"{{0x{_half2(2.0**-s):08x}u, 0x{_half2(-(2.0 ** (10 - s) + 3.5)):08x}u}}" for s in _SHIFTS)
+    return f"""
+#include <cstdint>
+#include <cuda_fp16.h>
+namespace minima {{
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {{
+  uint32_t d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}}
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {{
+  uint32_t d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}}
+template <int kShift>
+__device__ __forceinline__ uint32_t magic(uint32_t w) {{  // (w & (7 << s in both halves)) | 1024.0
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(w), "n"(0x00070007u << kShift), "n"({_MAGIC:#x}u));
+  return d;
+}}
+// The 16 pairs of one triple as (1024 + c * 2^s) fp16x2 words and their shift index (s = 1, 4, 7).
+__device__ __forceinline__ void triple_magic(const uint32_t* w, uint32_t* m) {{
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {{
+    uint32_t hi = w[k] >> 9;  // pairs 3, 4 of the word move to s = 1, 4
+    m[5 * k + 0] = magic<1>(w[k]);
+    m[5 * k + 1] = magic<4>(w[k]);
+    m[5 * k + 2] = magic<7>(w[k]);
+    m[5 * k + 3] = magic<1>(hi);
+    m[5 * k + 4] = magic<4>(hi);
+  }}
+  // pair 15: bit b of its low / high code is bit 0 / 16 of word b
+  m[15] = ((w[0] & 0x00010001u) << 1) | ((w[1] & 0x00010001u) << 2) | ((w[2] & 0x00010001u) << 3) | {_MAGIC:#x}u;
+}}
+__device__ __forceinline__ int shift_of(int pair) {{ return pair == 15 ? 0 : (pair % 5 < 3 ? pair % 5 : pair % 5 - 3); }}
+// values: raw codes c as fp16x2 (exact): c = x * 2^-s - 2^(10-s)
+__device__ __forceinline__ void tq3_values(const uint32_t* w, uint32_t* out) {{
+  const uint32_t k[3][2] = {{{value_consts}}};
+  uint32_t m[16];
+  triple_magic(w, m);
+#pragma unroll
+  for (int p = 0; p < 16; ++p) out[p] = hfma2(m[p], k[shift_of(p)][0], k[shift_of(p)][1]);
+}}
+// keys: centroid of c as fp16x2: y = c - 3.5, centroid = y * g(y^2)
+__device__ __forceinline__ void tq3_keys(const uint32_t* w, uint32_t* out) {{
+  const uint32_t k[3][2] = {{{key_consts}}};
+  uint32_t m[16];
+  triple_magic(w, m);
+#pragma unroll
+  for (int p = 0; p < 16; ++p) {{
+    uint32_t y = hfma2(m[p], k[shift_of(p)][0], k[shift_of(p)][1]);
+    uint32_t u = hmul2(y, y);
+    uint32_t g = hfma2(u, {b3:#x}u, {b2:#x}u);
+    g = hfma2(g, u, {b1:#x}u);
+    g = hfma2(g, u, {b0:#x}u);
+    out[p] = hmul2(g, y);
+  }}
+}}
+__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, const uint32_t* b) {{
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}}
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {{
+  uint32_t d; asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(x)); return d;
+}}
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {{
+  unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kBytes == 16) {{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(gmem));
+  }} else {{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(dst), "l"(gmem), "n"(kBytes));
+  }}
+}}
+__device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;"); }}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;" :: "n"(kPending)); }}
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {{
+  __half2 h = __floats2half2_rn(lo, hi); return *reinterpret_cast<uint32_t*>(&h);
+}}
+}}  // namespace minima
+"""
 
 
-@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True})
+# page ids come from the memory system's page tables and the CSR from plan(): no bounds guards on loads
+@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def tq3_decode_kernel(
     num_kv_heads: int,
     group_size: int,
@@ -67,144 +173,259 @@ def tq3_decode_kernel(
     sm_scale: float,
     centroids: tuple[float, ...],
     *,
-    block_h: int = 16,
-    num_stages: int = 2,
-    threads: int = 128,
     min_blocks: int = 1,
+    warps: int = WARPS,
+    stages: int = 2,
 ):
-    """Partial decode over TQ3 pages; ``centroids`` (the 8 key codebook values) are baked in.
+    """Partial decode over TQ3 pages; the key codebook (``centroids``, ascending, fp16-rounded) is
+    baked in as polynomial coefficients.
 
-    Shapes (dynamic: batch, num_pages, nnz, num_splits): q_rot [batch, H*G, D] fp16 (rotated
-    queries); the TQ3 pool seen through three strided views of one [num_pages, page_bytes] uint8
-    tensor (``pool_views``): k_codes / v_codes [num_pages, H, P*3D/512, 64] uint8 and meta
-    [num_pages, 3, H, P] fp16 (k_norm, v_scale, v_zero); page_indptr [batch+1] int32, page_ids [nnz]
-    int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32
-    (base 2).
+    Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
+    queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words and as fp16
+    halves (two views of one tensor); page_indptr [batch+1] int32, page_ids [nnz] int32 ->
+    out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2).
     """
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
-    if not G <= block_h:
-        raise ValueError(f"block_h={block_h} must cover the GQA group ({G} query heads)")
+    NB = -(-G // HEADS_PER_TILE)  # head tiles of 8
     heads = H * G
-    cb = layout.code_bytes_per_token
-    rows = P * cb // CODE_ROW_BYTES  # one head's codes in one page, as rows of CODE_ROW_BYTES
-    tile_n = P  # one page per tile: TQ3 pages are always full, so no masking
-    # pad the 3 metadata rows (k_norm, v_scale, v_zero; 2P bytes each) to a multiple of 128 bytes,
-    # so every pipeline stage starts 128-byte aligned, as TMA needs when the kernel is built
-    # warp-specialized (cp.async, the default build, needs 16)
-    meta_rows = next(r for r in range(3, 65) if r * P * 2 % 128 == 0)
-    page_bytes = layout.page_bytes
+    lane_words = layout.lane_words  # 3, 6, 12
+    vec = lane_words // TRIPLE_WORDS  # words per vector load (1, 2, 4)
+    triples = lane_words // TRIPLE_WORDS
+    blocks = D // 16
+    chunks_per_page = P // CHUNK_TOKENS
+    page_words, page_halves = layout.page_bytes // 4, layout.page_bytes // 2
+    head_words = layout.head_code_bytes // 4
+    chunk_words = LANES * lane_words
+    k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
+    kn_base, vs_base, vz_base = layout.k_norm_offset // 2, layout.v_scale_offset // 2, layout.v_zero_offset // 2
     scale = sm_scale * LOG2E
-    # both GEMMs must split the rows the same way so their row statistics share one layout
-    policy = T.GemmWarpPolicy.FullCol if block_h == 16 else T.GemmWarpPolicy.Square
+    source = _device_source(key_poly(centroids))
+    if stages < 2:
+        raise ValueError(f"stages={stages}: the chunk ring needs at least 2 slots")
+    copy_codes = f"minima::cp_async<{4 * vec}>"  # one lane's piece of a triple word plane: 4, 8, 16 bytes
     neg_inf = -T.infinity(T.float32)
 
     batch, num_pages, nnz, num_splits = T.dynamic("batch, num_pages, nnz, num_splits")
-    code_shape = [num_pages, H, rows, CODE_ROW_BYTES]
-    code_strides = [page_bytes, rows * CODE_ROW_BYTES, CODE_ROW_BYTES, 1]
-
-    key_lut = fp16_lut(centroids)
-    value_lut = fp16_lut(tuple(float(c) for c in range(NUM_CODES)))
-
-    def group_word(codes_s, i, g):
-        """The 24-bit little-endian word of code group g of token row i of a codes tile."""
-        base = i * cb + g * BYTES_PER_GROUP
-        return (
-            T.Cast(T.uint32, codes_s[base // CODE_ROW_BYTES, base % CODE_ROW_BYTES])
-            | (T.Cast(T.uint32, codes_s[(base + 1) // CODE_ROW_BYTES, (base + 1) % CODE_ROW_BYTES]) << 8)
-            | (T.Cast(T.uint32, codes_s[(base + 2) // CODE_ROW_BYTES, (base + 2) % CODE_ROW_BYTES]) << 16)
-        )
 
     @T.prim_func
     def tq3_decode(
-        q_rot: T.Tensor([batch, heads, D], T.float16),
-        k_codes: T.StridedTensor(code_shape, code_strides, T.uint8),
-        v_codes: T.StridedTensor(code_shape, code_strides, T.uint8),
-        meta: T.StridedTensor([num_pages, 3, H, P], [page_bytes // 2, H * P, P, 1], T.float16),
+        q_words: T.Tensor([batch, heads, D // 2], T.int32),
+        pool_words: T.Tensor([num_pages, page_words], T.int32),
+        pool_halves: T.Tensor([num_pages, page_halves], T.float16),
         page_indptr: T.Tensor([batch + 1], T.int32),
         page_ids: T.Tensor([nnz], T.int32),
         out_partial: T.Tensor([batch, heads, num_splits, D], T.float32),
         lse_partial: T.Tensor([batch, heads, num_splits], T.float32),
     ):
-        with T.Kernel(num_splits, H, batch, threads=threads) as (sid, hk, bid):
+        with T.Kernel(num_splits, H, batch, threads=warps * 32) as (sid, hk, bid):
+            T.import_source(source)
             T.annotate_min_blocks_per_sm(min_blocks)
-            q_s = T.alloc_shared([block_h, D], T.float16)
-            kc_s = T.alloc_shared([rows, CODE_ROW_BYTES], T.uint8)
-            vc_s = T.alloc_shared([rows, CODE_ROW_BYTES], T.uint8)
-            meta_s = T.alloc_shared([meta_rows, P], T.float16)
-            k_s = T.alloc_shared([tile_n, D], T.float16)
-            v_s = T.alloc_shared([tile_n, D], T.float16)
-            p_s = T.alloc_shared([block_h, tile_n], T.float16)
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
+            r = lane // 4
+            t = lane % 4
 
-            acc_s = T.alloc_fragment([block_h, tile_n], T.float32)
-            zero_w = T.alloc_fragment([block_h, tile_n], T.float32)
-            acc_o = T.alloc_fragment([block_h, D], T.float32)
-            m_i = T.alloc_fragment([block_h], T.float32)
-            m_prev = T.alloc_fragment([block_h], T.float32)
-            alpha = T.alloc_fragment([block_h], T.float32)
-            l_i = T.alloc_fragment([block_h], T.float32)
-            z_i = T.alloc_fragment([block_h], T.float32)
-            row_sum = T.alloc_fragment([block_h], T.float32)
-            zero_sum = T.alloc_fragment([block_h], T.float32)
+            q_frag = T.alloc_local([blocks * NB * 2], T.uint32)
+            acc_o = T.alloc_local([blocks * NB * 4], T.float32)
+            acc_s = T.alloc_local([NB * 4], T.float32)
+            # the key GEMM keeps 4 partial accumulators (one per k-block of a triple) so its MMAs form
+            # 4 independent chains of D/64 instead of one chain of D/16
+            acc_k = T.alloc_local([4 * NB * 4], T.float32)
+            m_i = T.alloc_local([NB * 2], T.float32)
+            l_i = T.alloc_local([NB * 2], T.float32)
+            z_i = T.alloc_local([NB * 2], T.float32)
+            alpha = T.alloc_local([NB * 2], T.float32)
+            p_frag = T.alloc_local([NB * 2], T.uint32)
+            ops = T.alloc_local([PAIRS_PER_TRIPLE], T.uint32)
+            # the chunk being computed (cur) and the next one in flight (nxt): codes and metadata
+            k_cur = T.alloc_local([lane_words], T.uint32)
+            v_cur = T.alloc_local([lane_words], T.uint32)
+            meta_cur = T.alloc_local([6], T.float32)  # k_norm, v_scale, v_zero of tokens r, r + 8
+            ring = T.alloc_shared([warps * stages, 2, LANES * lane_words], T.uint32)  # K, V code streams
+            meta_ring = T.alloc_shared([warps * stages, 3 * CHUNK_TOKENS], T.float16)
+            page_next = T.alloc_local([1], T.int32)
+            rescale = T.alloc_local([1], T.int32)
+
+            m_all = T.alloc_local([1], T.float32)
+            den = T.alloc_local([1], T.float32)
+            num = T.alloc_local([1], T.float32)
+            o_s = T.alloc_shared([warps, G, D], T.float32)
+            stat_s = T.alloc_shared([3, warps, G], T.float32)  # m, l, z per warp and head
 
             first = page_indptr[bid]
             n_pages = page_indptr[bid + 1] - first
-            chunk = T.ceildiv(n_pages, num_splits)
-            p_lo = T.min(sid * chunk, n_pages)
-            p_hi = T.min(p_lo + chunk, n_pages)
+            per_split = T.ceildiv(n_pages, num_splits)
+            p_lo = T.min(sid * per_split, n_pages)
+            p_hi = T.min(p_lo + per_split, n_pages)
+            n_chunks = (p_hi - p_lo) * chunks_per_page
+            # this warp's chunks: warp, warp + warps, ...
+            n_mine = T.max(n_chunks - warp + warps - 1, 0) // warps
 
-            for i, d in T.Parallel(block_h, D):
-                q_s[i, d] = T.if_then_else(i < G, q_rot[bid, hk * G + T.min(i, G - 1), d], T.float16(0))
-            T.fill(acc_o, 0)
-            T.fill(l_i, 0)
-            T.fill(z_i, 0)
-            T.fill(m_i, neg_inf)
+            for kb in T.unroll(blocks):
+                for nb in T.unroll(NB):
+                    for j in T.unroll(2):
+                        head = nb * HEADS_PER_TILE + r
+                        q_frag[(kb * NB + nb) * 2 + j] = T.if_then_else(
+                            head < G,
+                            T.Cast(T.uint32, q_words[bid, hk * G + T.min(head, G - 1), kb * 8 + t + 4 * j]),
+                            T.uint32(0),
+                        )
+            for i in T.unroll(blocks * NB * 4):
+                acc_o[i] = 0
+            for i in T.unroll(NB * 2):
+                m_i[i] = neg_inf
+                l_i[i] = 0
+                z_i[i] = 0
 
-            for t in T.Pipelined(p_hi - p_lo, num_stages=num_stages):
-                page = page_ids[first + p_lo + t]
-                T.copy(k_codes[page, hk, :, :], kc_s)
-                T.copy(v_codes[page, hk, :, :], vc_s)
-                T.copy(meta[page, :, hk, :], meta_s[0:3, :])
+            # Each warp streams its chunks through a ring of `stages` slots in shared memory with
+            # cp.async: chunk it + stages - 1 is requested while chunk it computes, so stages - 1
+            # chunks per warp are in flight without holding registers. A lane copies and later reads
+            # its own code words; the 96 bytes of norms / scales / zeros are copied by 24 lanes and
+            # read by all, hence the __syncwarp after the wait.
+            page_next[0] = T.if_then_else(n_mine > 0, page_ids[first + p_lo + T.min(warp, n_chunks - 1) // chunks_per_page], 0)
+            for it in T.serial(n_mine + stages - 1):
+                if it < n_mine:
+                    page = page_next[0]
+                    c = warp + it * warps
+                    if it + 1 < n_mine:
+                        page_next[0] = page_ids[first + p_lo + (c + warps) // chunks_per_page]
+                    sub = c % chunks_per_page
+                    slot = (warp * stages + it % stages)
+                    kw = k_base + hk * head_words + sub * chunk_words + lane * lane_words
+                    vw = v_base + hk * head_words + sub * chunk_words + lane * lane_words
+                    for j in T.unroll(TRIPLE_WORDS):
+                        T.call_extern(
+                            "handle", copy_codes, T.address_of(ring[slot, 0, lane * lane_words + j * vec]), T.address_of(pool_words[page, kw + j * vec])
+                        )
+                        T.call_extern(
+                            "handle", copy_codes, T.address_of(ring[slot, 1, lane * lane_words + j * vec]), T.address_of(pool_words[page, vw + j * vec])
+                        )
+                    if lane < 24:  # field lane // 8 (k_norm, v_scale, v_zero), halves 2(lane % 8) and +1
+                        field_base = T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
+                        T.call_extern(
+                            "handle",
+                            "minima::cp_async<4>",
+                            T.address_of(meta_ring[slot, lane * 2]),
+                            T.address_of(pool_halves[page, field_base + hk * P + sub * CHUNK_TOKENS + (lane % 8) * 2]),
+                        )
+                T.call_extern("handle", "minima::cp_async_commit")
+                if it >= stages - 1:
+                    T.call_extern("handle", f"minima::cp_async_wait<{stages - 1}>")
+                    T.call_extern("handle", "__syncwarp")
+                    slot = warp * stages + (it - stages + 1) % stages
+                    for j in T.unroll(TRIPLE_WORDS):
+                        for e in T.vectorized(vec):
+                            k_cur[j * vec + e] = ring[slot, 0, lane * lane_words + j * vec + e]
+                        for e in T.vectorized(vec):
+                            v_cur[j * vec + e] = ring[slot, 1, lane * lane_words + j * vec + e]
+                    for j in T.unroll(2):
+                        for f in T.unroll(3):
+                            meta_cur[2 * f + j] = T.Cast(T.float32, meta_ring[slot, f * CHUNK_TOKENS + r + 8 * j])
+                    T.call_extern("handle", "__syncwarp")  # the slot is refilled next iteration
+                if it >= stages - 1:
+                    # scores^T = K . q'^T, triple by triple (4 k-blocks of 16 dims each)
+                    for i in T.unroll(4 * NB * 4):
+                        acc_k[i] = 0
+                    for tr in T.unroll(triples):
+                        T.call_extern("handle", "minima::tq3_keys", T.address_of(k_cur[tr * 3]), T.address_of(ops[0]))
+                        for kk in T.unroll(4):
+                            for nb in T.unroll(NB):
+                                T.call_extern(
+                                    "handle",
+                                    "minima::mma_16816",
+                                    T.address_of(acc_k[(kk * NB + nb) * 4]),
+                                    T.address_of(ops[kk * 4]),
+                                    T.address_of(q_frag[((tr * 4 + kk) * NB + nb) * 2]),
+                                )
+                    for i in T.unroll(NB * 4):
+                        acc_s[i] = (acc_k[i] + acc_k[NB * 4 + i]) + (acc_k[2 * NB * 4 + i] + acc_k[3 * NB * 4 + i])
+                    # online softmax over the chunk; this thread holds tokens r, r + 8 of heads 2t, 2t + 1
+                    rescale[0] = 0
+                    for nb in T.unroll(NB):
+                        for j in T.unroll(2):
+                            s_lo = acc_s[nb * 4 + j] * meta_cur[0] * scale
+                            s_hi = acc_s[nb * 4 + 2 + j] * meta_cur[1] * scale
+                            acc_s[nb * 4 + j] = s_lo
+                            acc_s[nb * 4 + 2 + j] = s_hi
+                            c1 = T.max(s_lo, s_hi)
+                            c4 = T.max(c1, T.shfl_xor(c1, 4))
+                            c8 = T.max(c4, T.shfl_xor(c4, 8))
+                            c16 = T.max(c8, T.shfl_xor(c8, 16))
+                            m_new = T.max(m_i[nb * 2 + j], c16)
+                            alpha[nb * 2 + j] = T.exp2(m_i[nb * 2 + j] - m_new)
+                            rescale[0] = rescale[0] | T.Cast(T.int32, m_new != m_i[nb * 2 + j])
+                            m_i[nb * 2 + j] = m_new
+                            p_lo_ = T.exp2(s_lo - m_new)
+                            p_hi_ = T.exp2(s_hi - m_new)
+                            l_i[nb * 2 + j] = l_i[nb * 2 + j] * alpha[nb * 2 + j] + p_lo_ + p_hi_
+                            z_i[nb * 2 + j] = z_i[nb * 2 + j] * alpha[nb * 2 + j] + p_lo_ * meta_cur[4] + p_hi_ * meta_cur[5]
+                            acc_s[nb * 4 + j] = p_lo_ * meta_cur[2]
+                            acc_s[nb * 4 + 2 + j] = p_hi_ * meta_cur[3]
+                        for j in T.unroll(2):  # tokens r (j=0) / r + 8 (j=1) -> B operand rows
+                            p_frag[nb * 2 + j] = T.call_extern(
+                                T.uint32,
+                                "minima::transpose8x8",
+                                T.call_extern(T.uint32, "minima::pack_half2", acc_s[nb * 4 + 2 * j], acc_s[nb * 4 + 2 * j + 1]),
+                            )
+                    # rescale the output only when some running max moved (rare once the max settles)
+                    if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), rescale[0]) != 0:
+                        for mb in T.unroll(blocks):
+                            for nb in T.unroll(NB):
+                                for i in T.unroll(4):
+                                    acc_o[(mb * NB + nb) * 4 + i] *= alpha[nb * 2 + i % 2]
+                    # out'^T += V^T . (p * v_scale)^T
+                    for tr in T.unroll(triples):
+                        T.call_extern("handle", "minima::tq3_values", T.address_of(v_cur[tr * 3]), T.address_of(ops[0]))
+                        for kk in T.unroll(4):
+                            for nb in T.unroll(NB):
+                                T.call_extern(
+                                    "handle",
+                                    "minima::mma_16816",
+                                    T.address_of(acc_o[((tr * 4 + kk) * NB + nb) * 4]),
+                                    T.address_of(ops[kk * 4]),
+                                    T.address_of(p_frag[nb * 2]),
+                                )
 
-                # keys -> codebook values (fp16), one 8-code group per iteration
-                for i, g in T.Parallel(tile_n, D // CODES_PER_GROUP):
-                    for e in T.unroll(CODES_PER_GROUP):
-                        k_s[i, g * CODES_PER_GROUP + e] = key_lut(group_word(kc_s, i, g), e)
-                T.clear(acc_s)
-                T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=policy)
-                for i, j in T.Parallel(block_h, tile_n):
-                    acc_s[i, j] = acc_s[i, j] * T.Cast(T.float32, meta_s[0, j]) * scale
-                T.copy(m_i, m_prev)
-                T.reduce_max(acc_s, m_i, dim=1, clear=False)
-                for i in T.Parallel(block_h):
-                    alpha[i] = T.exp2(m_prev[i] - m_i[i])
-                for i, j in T.Parallel(block_h, tile_n):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] - m_i[i])
-                T.reduce_sum(acc_s, row_sum, dim=1)
-                for i, j in T.Parallel(block_h, tile_n):
-                    zero_w[i, j] = acc_s[i, j] * T.Cast(T.float32, meta_s[2, j])
-                    p_s[i, j] = T.Cast(T.float16, acc_s[i, j] * T.Cast(T.float32, meta_s[1, j]))
-                T.reduce_sum(zero_w, zero_sum, dim=1)
-                for i in T.Parallel(block_h):
-                    l_i[i] = l_i[i] * alpha[i] + row_sum[i]
-                    z_i[i] = z_i[i] * alpha[i] + zero_sum[i]
-                for i, d in T.Parallel(block_h, D):
-                    acc_o[i, d] *= alpha[i]
-
-                # values: raw uniform codes as fp16 (exact); the scale went into p, the zero into z_i
-                for i, g in T.Parallel(tile_n, D // CODES_PER_GROUP):
-                    for e in T.unroll(CODES_PER_GROUP):
-                        v_s[i, g * CODES_PER_GROUP + e] = value_lut(group_word(vc_s, i, g), e)
-                T.gemm(p_s, v_s, acc_o, policy=policy)
-
-            for i, d in T.Parallel(block_h, D):
-                if i < G:
-                    out_partial[bid, hk * G + i, sid, d] = T.if_then_else(
-                        l_i[i] > 0, (acc_o[i, d] + z_i[i]) / l_i[i], T.float32(0)
-                    )
-            for i in T.Parallel(block_h):
-                if i < G:
-                    lse_partial[bid, hk * G + i, sid] = T.if_then_else(l_i[i] > 0, T.log2(l_i[i]) + m_i[i], neg_inf)
+            # combine: the 8 token rows of a head live in lanes t, t + 4, ..., t + 28
+            for i in T.unroll(NB * 2):
+                for off in T.unroll(3):
+                    l_i[i] += T.shfl_xor(l_i[i], 4 * (1 << off))
+                    z_i[i] += T.shfl_xor(z_i[i], 4 * (1 << off))
+            for nb in T.unroll(NB):
+                for j in T.unroll(2):
+                    head = nb * HEADS_PER_TILE + 2 * t + j
+                    if r == 0 and head < G:  # noqa: SIM102
+                        stat_s[0, warp, head] = m_i[nb * 2 + j]
+                        stat_s[1, warp, head] = l_i[nb * 2 + j]
+                        stat_s[2, warp, head] = z_i[nb * 2 + j]
+                for mb in T.unroll(blocks):
+                    for i in T.unroll(4):
+                        head = nb * HEADS_PER_TILE + 2 * t + i % 2
+                        if head < G:
+                            o_s[warp, head, mb * 16 + r + 8 * (i // 2)] = acc_o[(mb * NB + nb) * 4 + i]
+            T.sync_threads()
+            for e in T.serial(T.ceildiv(G * D, warps * 32)):
+                idx = e * warps * 32 + tid
+                if idx < G * D:
+                    head = idx // D
+                    d = idx % D
+                    m_all[0] = stat_s[0, 0, head]
+                    for w in T.unroll(1, warps):
+                        m_all[0] = T.max(m_all[0], stat_s[0, w, head])
+                    den[0] = 0
+                    num[0] = 0
+                    if m_all[0] > neg_inf:
+                        for w in T.unroll(warps):
+                            wgt = T.exp2(stat_s[0, w, head] - m_all[0])
+                            den[0] += wgt * stat_s[1, w, head]
+                            num[0] += wgt * (o_s[w, head, d] + stat_s[2, w, head])
+                    out_partial[bid, hk * G + head, sid, d] = T.if_then_else(den[0] > 0, num[0] / den[0], T.float32(0))
+                    if d == 0:
+                        lse_partial[bid, hk * G + head, sid] = T.if_then_else(
+                            den[0] > 0, T.log2(den[0]) + m_all[0], neg_inf
+                        )
 
     return tq3_decode
 
@@ -250,14 +471,20 @@ def tq3_merge_splits(num_heads: int, head_dim: int):
     return merge_splits
 
 
-def tile_config(group_size: int, page_size: int) -> dict[str, int]:
-    """Tile shapes for a (GQA group, page size), as measured best on the H200 (docs/results/kernels.md).
+def tile_config(group_size: int, page_size: int, head_dim: int = 128) -> dict[str, int]:
+    """Build options for a (GQA group, page size, head dim): warps per CTA and resident CTAs per SM,
+    as measured best on the H200 (docs/results/kernels.md). The kernel streams codes through
+    registers, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2 CTAs at
+    ~128 registers; 4 x 4 at head dim 64, where 8-warp CTAs were slower), 8 at head dim 256 (twice
+    the accumulators, ~210 registers)."""
+    del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
+    if head_dim >= 256:
+        return {"warps": 8, "min_blocks": 1}
+    if head_dim >= 128:
+        return {"warps": 8, "min_blocks": 2}
+    return {"warps": 4, "min_blocks": 4}
 
-    Rows (query heads) are padded to a multiple of 16 (the MMA M). The kernel is bound by unpacking
-    codes, which wants several CTAs per SM: 4 warps per CTA and 2 CTAs per SM beat both the TMA
-    warp-specialized build (one consumer warpgroup per SM) and 8-warp CTAs. With 16-token pages the
-    4 warps need >= 32 rows to split the tile 2 x 2."""
-    block_h = max(16, -(-group_size // 16) * 16)
-    if page_size < 32:
-        block_h = max(block_h, 32)
-    return {"block_h": block_h, "threads": 128, "min_blocks": 2}
+
+def ctas_per_sm(head_dim: int) -> int:
+    return tile_config(0, 0, head_dim)["min_blocks"]
+

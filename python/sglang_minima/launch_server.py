@@ -112,8 +112,14 @@ def check_supported(server_args) -> None:
             f"--radix-cache-backend: sglang_minima.launch_server serves Minima-KV, which needs "
             f"'minima', got {server_args.radix_cache_backend!r}"
         )
-    if server_args.page_size is not None and server_args.page_size < 2:
-        raise LaunchError(f"--page-size: Minima-KV tiers whole pages; use a page size >= 2, got {server_args.page_size}")
+    from sglang_minima.codec.layout import CHUNK_TOKENS  # after SGLang: importing the codec imports torch
+
+    page_size = server_args.page_size
+    if page_size is not None and (page_size <= 0 or page_size % CHUNK_TOKENS != 0):
+        raise LaunchError(
+            f"--page-size: Minima-KV stores Stale pages as TQ3, whose pages hold whole {CHUNK_TOKENS}-token "
+            f"tensor-core tiles; use a multiple of {CHUNK_TOKENS} (default {DEFAULT_PAGE_SIZE}), got {page_size}"
+        )
 
 
 def _default_flags(argv: list[str], on_cpu: bool) -> list[str]:

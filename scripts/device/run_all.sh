@@ -17,5 +17,6 @@ for group in "${groups[@]}"; do
   timeout "$test_timeout" python3 -m pytest test/gpu/test_kernels.py -k "$group" -v -s -p no:cacheprovider \
     --confcutdir=test/gpu -o addopts="" 2>&1 | tee -a "$OUT/tests.log" | grep -E "PASS|FAIL|ERROR|rel_err|differ|passed|failed|Error" | tail -30
 done
+bash scripts/device/sass_stats.sh > "$OUT/sass_stats.txt" 2>&1
 timeout $((bench_budget + 120)) python3 benchmark/kernels/bench_decode.py --out "$OUT/bench_decode.json" --budget-s "$bench_budget" ${BENCH_ARGS:-} \
   2>&1 | tee "$OUT/bench.log" | tail -80

@@ -15,6 +15,7 @@ import flashinfer
 import torch
 from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
 from minima_kernels.decode import key_centroids_fp16
+from minima_kernels.rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
 from sglang_minima.codec import tq3_codebook
 
 TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
@@ -23,9 +24,8 @@ BENCH_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 64), (9, 3, 64, 64)]
 
 def tilelang_jobs(decode_only: bool):
     """All kernels of the tests and the benchmark; with decode_only, those of the decode tests and
-    the decode benchmark (no TQ3 -> FP8, FP8 -> TQ3 only where the benchmark builds its TQ3 pools)."""
+    the decode benchmark (no conversions: the benchmark encodes its TQ3 pools with the torch codec)."""
     for hq, h, d, p in sorted(set(TEST_GEOMETRIES + BENCH_GEOMETRIES)):
-        in_bench = (hq, h, d, p) in BENCH_GEOMETRIES
         g = hq // h
         book = tq3_codebook(d)
         cent = tuple(float(c) for c in book.centroids)
@@ -35,18 +35,23 @@ def tilelang_jobs(decode_only: bool):
         yield (
             f"tq3_decode {hq}/{h}/{d}/p{p}",
             lambda h=h, g=g, d=d, p=p: tq3_decode_kernel(
-                h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p)
+                h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p, d)
             ),
         )
         yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
-        if in_bench or not decode_only:
+        yield f"rotate q {hq}/{h}/{d}", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "bfloat16")
+        for with_fp8 in (False, True):
+            yield (
+                f"epilogue {hq}/{h}/{d} fp8={with_fp8}",
+                lambda hq=hq, g=g, d=d, f=with_fp8: mixed_epilogue_kernel(hq, g, d, f, "bfloat16"),
+            )
+        if not decode_only:
             yield (
                 f"fp8_to_tq3 {h}/{d}/p{p}",
                 lambda h=h, p=p, d=d, cent=cent, thr=thr, inv=inv, s=sqrt_d: fp8_to_tq3_kernel(
                     h, p, d, cent, thr, inv, s
                 ),
             )
-        if not decode_only:
             yield (
                 f"tq3_to_fp8 {h}/{d}/p{p}",
                 lambda h=h, p=p, d=d, cent=cent, inv=inv: tq3_to_fp8_kernel(h, p, d, cent, inv),

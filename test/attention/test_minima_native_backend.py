@@ -26,7 +26,7 @@ from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 
 from attention_fakes import FakeLayer, FakeMinimaPool, fake_runner, reference_attention
 
-HQ, HKV, D, PS, LAYERS = 4, 2, 32, 4, 2
+HQ, HKV, D, PS, LAYERS = 4, 2, 64, 16, 2  # TQ3: head_dim a multiple of 64, pages of whole 16-token tiles
 ATOL = 2e-5
 
 
@@ -38,7 +38,7 @@ class Harness:
     """
 
     def __init__(self, pool, new_page: Callable[[], int], retier: Callable[[list[int]], None],
-                 num_rows: int = 4, max_len: int = 64):
+                 num_rows: int = 4, max_len: int = 8 * PS):
         self.pool = pool
         self.new_page = new_page
         self.retier = retier
@@ -161,43 +161,45 @@ def make_harness(request, monkeypatch) -> Callable[..., Harness]:
 
 def test_decode_over_mixed_formats_gqa(make_harness):
     h = make_harness()
-    h.step({1: 13, 2: 22}, ForwardMode.EXTEND)
+    h.step({1: 3 * PS + 1, 2: 5 * PS + 2}, ForwardMode.EXTEND)
     h.retier_prefix(1, 2, skip_first=1)  # pages 1-2 of row 1 stale, sink page 0 stays hot
     h.retier_prefix(2, 4)
     for _ in range(3):
         h.step({1: 1, 2: 1}, ForwardMode.DECODE)
     counts = h.backend.forward_metadata.counts
-    assert (counts.tq3_pages, counts.tq3_tokens) == (6, 24)
-    assert counts.hot_tokens == (16 - 8) + (25 - 16)
+    assert (counts.tq3_pages, counts.tq3_tokens) == (6, 6 * PS)
+    assert counts.hot_tokens == (3 * PS + 4 - 2 * PS) + (5 * PS + 5 - 4 * PS)
     assert h.pool.stats.route_tq3_pages == 3 * 6  # the pool's route counters, over all steps
 
 
 def test_chunked_prefill_reads_stale_pages_of_earlier_chunks(make_harness):
     h = make_harness()
-    h.step({0: 10}, ForwardMode.EXTEND)  # chunk 1
+    h.step({0: 2 * PS + 2}, ForwardMode.EXTEND)  # chunk 1
     h.retier_prefix(0, 2)  # both full pages of chunk 1 become TQ3
     assert [int(h.pool.page_table.fmt[lp]) for lp in h.pages_of(0)] == [FMT_TQ3, FMT_TQ3, FMT_HOT]
-    h.step({0: 9}, ForwardMode.EXTEND)  # chunk 2: TQ3 prefix + partial hot page + new tokens, causal
-    assert h.backend.forward_metadata.counts == RouteCounts(hot_pages=3, hot_tokens=11, tq3_pages=2, tq3_tokens=8)
+    h.step({0: 2 * PS + 1}, ForwardMode.EXTEND)  # chunk 2: TQ3 prefix + partial hot page + new tokens, causal
+    assert h.backend.forward_metadata.counts == RouteCounts(
+        hot_pages=3, hot_tokens=2 * PS + 3, tq3_pages=2, tq3_tokens=2 * PS
+    )
     h.retier_prefix(0, 2, skip_first=2)
-    h.step({0: 7}, ForwardMode.EXTEND)  # chunk 3
+    h.step({0: PS + 3}, ForwardMode.EXTEND)  # chunk 3
     h.step({0: 1}, ForwardMode.DECODE)
-    assert (h.pool.stats.route_tq3_pages, h.pool.stats.route_tq3_tokens) == (2 + 4 + 4, 8 + 16 + 16)
+    assert (h.pool.stats.route_tq3_pages, h.pool.stats.route_tq3_tokens) == (2 + 4 + 4, (2 + 4 + 4) * PS)
 
 
 def test_mixed_batch_of_prefill_and_decode_requests(make_harness):
     h = make_harness()
-    h.step({0: 9, 3: 17}, ForwardMode.EXTEND)
+    h.step({0: 2 * PS + 1, 3: 4 * PS + 1}, ForwardMode.EXTEND)
     h.retier_prefix(3, 3)
-    h.step({0: 5, 3: 1, 1: 6}, ForwardMode.MIXED)
+    h.step({0: PS + 1, 3: 1, 1: PS + 2}, ForwardMode.MIXED)
 
 
 def test_all_stale_but_the_new_tokens(make_harness):
     h = make_harness()
-    h.step({2: 16}, ForwardMode.EXTEND)
+    h.step({2: 4 * PS}, ForwardMode.EXTEND)
     h.retier_prefix(2, 4)
     h.step({2: 3}, ForwardMode.EXTEND)
-    assert h.backend.forward_metadata.counts == RouteCounts(hot_pages=1, hot_tokens=3, tq3_pages=4, tq3_tokens=16)
+    assert h.backend.forward_metadata.counts == RouteCounts(hot_pages=1, hot_tokens=3, tq3_pages=4, tq3_tokens=4 * PS)
 
 
 class DenseKV:
@@ -224,8 +226,8 @@ def test_model_dtype_hot_pages_without_stale_match_torch_native(make_harness):
     h = make_harness(hot_dtype="auto")
     native = TorchNativeAttnBackend(fake_runner(DenseKV(64 * PS), h.req_to_token))
     steps = [
-        (ForwardMode.EXTEND, {0: 11, 1: 6}),
-        (ForwardMode.EXTEND, {0: 4, 1: 2, 2: 9}),
+        (ForwardMode.EXTEND, {0: 2 * PS + 3, 1: PS + 2}),
+        (ForwardMode.EXTEND, {0: PS, 1: 2, 2: 2 * PS + 1}),
         (ForwardMode.DECODE, {0: 1, 1: 1, 2: 1}),
         (ForwardMode.DECODE, {0: 1, 1: 1, 2: 1}),
     ]
@@ -260,7 +262,7 @@ def test_rejects_unsupported_layers(change, match):
 
 def test_reports_pages_read_once_per_step():
     h = Harness.fake()
-    h.step({0: 9, 1: 5}, ForwardMode.EXTEND)
+    h.step({0: 2 * PS + 1, 1: PS + 1}, ForwardMode.EXTEND)
     h.retier_prefix(0, 1)
     h.step({0: 1, 1: 1}, ForwardMode.DECODE)
     assert len(h.pool.reads) == 2
@@ -271,9 +273,9 @@ def test_reports_pages_read_once_per_step():
 
 def test_page_attention_mass_for_score_anchors():
     h = Harness.fake(score_anchors=True)
-    h.step({0: 14, 1: 9}, ForwardMode.EXTEND)
+    h.step({0: 3 * PS + 2, 1: 2 * PS + 1}, ForwardMode.EXTEND)
     h.retier_prefix(0, 2, skip_first=1)
-    for mode, new in ((ForwardMode.EXTEND, {0: 5, 1: 3}), (ForwardMode.DECODE, {0: 1, 1: 1})):
+    for mode, new in ((ForwardMode.EXTEND, {0: PS + 1, 1: 3}), (ForwardMode.DECODE, {0: 1, 1: 1})):
         want = h.step(new, mode)
         pages, mass = h.pool.page_scores[-1]
         assert torch.equal(pages, h.backend.forward_metadata.logical_pages)

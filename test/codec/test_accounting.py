@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_minima.codec.accounting import bytes_per_token_table, fp8_bytes, tq3_bits, tq3_bytes
+from sglang_minima.codec.accounting import PageBytes, bytes_per_token_table, fp8_bytes, tq3_bits, tq3_bytes
 from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
@@ -23,10 +23,19 @@ def test_bits_per_element(d):
     assert fp8_bytes(4, 64, d).total == 2 * elems
 
 
-def test_padding_counts_toward_the_page():
-    layout = TQ3PageLayout(num_kv_heads=1, page_size=3, head_dim=8)
+@pytest.mark.parametrize("h,p,d", [(1, 16, 64), (3, 16, 192), (1, 48, 64), (5, 32, 320)])
+def test_valid_layouts_need_no_padding(h, p, d):
+    # 16-token pages and head dims that are multiples of 64 make every field a multiple of 16 bytes
+    # (codes 3*h*p*d/8, each fp16 field 2*h*p), so a page block needs no alignment padding.
+    layout = TQ3PageLayout(num_kv_heads=h, page_size=p, head_dim=d)
     b = tq3_bytes(layout)
-    assert (b.payload, b.metadata) == (18, 18) and b.total == 48 and b.padding == 12
+    assert (b.payload, b.metadata) == (2 * h * p * d * 3 // 8, 3 * 2 * h * p)
+    assert b.padding == 0 and b.total == layout.page_bytes == b.payload + b.metadata
+
+
+def test_padding_counts_toward_the_page():
+    b = PageBytes(payload=18, metadata=18, padding=12, page_size=3)
+    assert b.total == 48 and b.per_token == 16
 
 
 def test_encoded_page_size_matches_accounting():

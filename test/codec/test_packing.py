@@ -1,4 +1,4 @@
-"""3-bit packing: exact round trips, the documented bit order, bad inputs."""
+"""3-bit packing in the MMA order of layout.py: exact round trips, the documented bit placement, bad inputs."""
 
 from __future__ import annotations
 
@@ -7,48 +7,230 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_minima.codec.layout import (
+    CHUNK_TOKENS,
+    KEY,
+    LANES,
+    VALUE,
+    TQ3PageLayout,
+    code_bit_index,
+    lane_word,
+    pair_coords,
+)
 from sglang_minima.codec.packing import pack_codes, unpack_codes
 
+KINDS = [KEY, VALUE]
 
-@settings(max_examples=60, deadline=None)
-@given(
-    lead=st.lists(st.integers(1, 4), min_size=0, max_size=3),
-    groups=st.integers(1, 32),
-    seed=st.integers(0, 2**31 - 1),
+
+def _rule_bits(chunk: int, lane: int, pair: int, half: int, head_dim: int) -> list[int]:
+    """Bits 0..2 of the low (half 0) or high (half 1) code of a lane's pair, straight from the prose
+    of layout.py / docs/TQ3P.md: lane streams of 3D/64 words, triples of 3 words holding 16 pairs,
+    pair q < 15 at bit 1 + 3(q % 5) of word q // 5 (+16 for the high code), pair 15 spread over bit
+    0 (16) of words 0, 1, 2."""
+    lane_words = 3 * head_dim // 64
+    triple, q = divmod(pair, 16)
+    base = (chunk * LANES + lane) * lane_words + 3 * triple
+    if q < 15:
+        return [(base + q // 5) * 32 + 1 + 3 * (q % 5) + 16 * half + b for b in range(3)]
+    return [(base + b) * 32 + 16 * half for b in range(3)]
+
+
+def _bits_set(packed: torch.Tensor) -> list[int]:
+    bits = (packed.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    return torch.nonzero(bits.reshape(-1)).flatten().tolist()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_round_trip(kind, head_dim, page_size):
+    g = torch.Generator().manual_seed(head_dim + page_size)
+    codes = torch.randint(0, 8, (2, 3, page_size, head_dim), generator=g, dtype=torch.uint8)
+    packed = pack_codes(codes, kind)
+    assert packed.shape == (2, 3, page_size * head_dim * 3 // 8) and packed.dtype == torch.uint8
+    assert packed.shape[-1] == TQ3PageLayout(1, page_size, head_dim).head_code_bytes
+    assert torch.equal(unpack_codes(packed, kind, page_size, head_dim), codes)
+    # Each leading index packs on its own.
+    assert torch.equal(packed[1, 2], pack_codes(codes[1, 2], kind))
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.binary(min_size=384, max_size=384), kind=st.sampled_from(KINDS))
+def test_every_byte_string_round_trips(data, kind):
+    packed = torch.tensor(list(data), dtype=torch.uint8)  # one head of a 16 x 64 page
+    assert torch.equal(pack_codes(unpack_codes(packed, kind, 16, 64), kind), packed)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim,page_size", [(64, 16), (128, 64), (256, 32)])
+def test_code_bit_index_is_a_bijection(kind, head_dim, page_size):
+    token = torch.arange(page_size).view(-1, 1, 1)
+    dim = torch.arange(head_dim).view(1, -1, 1)
+    bit = torch.arange(3).view(1, 1, -1)
+    index = code_bit_index(kind, token, dim, bit, head_dim, where=torch.where)
+    assert torch.equal(index.flatten().sort().values, torch.arange(page_size * head_dim * 3))
+    # The Python-int path (default ``where``) gives the same indices as the tensor path.
+    for t, d in [(0, 0), (page_size - 1, head_dim - 1), (7, 56), (8, 57), (page_size // 2 + 3, head_dim // 2 + 5)]:
+        assert [code_bit_index(kind, t, d, b, head_dim) for b in range(3)] == index[t, d].tolist()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_pair_coords_agree_with_code_bit_index(kind, head_dim):
+    seen = set()
+    for chunk in range(2):
+        for lane in range(LANES):
+            for pair in range(head_dim // 4):
+                for half, (t, d) in enumerate(pair_coords(kind, lane, pair)):
+                    want = _rule_bits(chunk, lane, pair, half, head_dim)
+                    got = [code_bit_index(kind, chunk * CHUNK_TOKENS + t, d, b, head_dim) for b in range(3)]
+                    assert got == want, (kind, chunk, lane, pair, half)
+                    seen.add((chunk * CHUNK_TOKENS + t, d))
+    assert len(seen) == 2 * CHUNK_TOKENS * head_dim  # every code of two chunks, once
+
+
+def _one_code(kind: str, page_size: int, head_dim: int, token: int, dim: int, code: int = 0b101) -> list[int]:
+    codes = torch.zeros(page_size, head_dim, dtype=torch.uint8)
+    codes[token, dim] = code
+    packed = pack_codes(codes, kind)
+    assert torch.equal(unpack_codes(packed, kind, page_size, head_dim), codes)
+    return packed.tolist()
+
+
+@pytest.mark.parametrize(
+    "kind, page_size, head_dim, token, dim, byte, value",
+    [
+        # keys: lane 4r+t holds token r (+8), dims 2t, 2t+1 (+8) of each 16-wide block
+        (KEY, 16, 64, 0, 0, 0, 0b101 << 1),  # lane 0, pair 0, low code: word 0 bits 1..3
+        (KEY, 16, 64, 0, 1, 2, 0b101 << 1),  # ... its high code: bits 17..19, byte 2
+        (KEY, 16, 64, 9, 2, 60, 0b101 << 4),  # token 9 = r 1 + 8: lane 5, register 1 -> pair 1, word 15 bits 4..6
+        (KEY, 16, 64, 0, 8, 0, 0b101 << 7),  # dim 8: register 2 -> pair 2, bits 7..9 (byte 0 bit 7 ...)
+        (KEY, 16, 64, 0, 16, 1, 0b101 << 5),  # block 1 -> pair 4: bits 13..15 (byte 1 bits 5..7)
+        (KEY, 16, 64, 0, 20, 25, 0b101 << 5),  # dim 20 = 16 + 2*2: lane 2, pair 4: word 6 bits 13..15
+        (KEY, 32, 64, 17, 0, 432, 0b101 << 1),  # chunk 1, lane 4: word (32 + 4) * 3 = 108
+        (KEY, 16, 128, 0, 64, 12, 0b101 << 1),  # block 4 -> pair 16: second triple, word 3
+        # values: lane 4r+t holds dim r (+8) of each block, tokens 2t, 2t+1 (+8)
+        (VALUE, 16, 64, 0, 0, 0, 0b101 << 1),  # lane 0, pair 0, low code
+        (VALUE, 16, 64, 1, 0, 2, 0b101 << 1),  # the next token is the high code
+        (VALUE, 16, 64, 3, 5, 254, 0b101 << 1),  # lane 4*5 + 1 = 21, pair 0, high: word 63 bits 17..19
+        (VALUE, 16, 64, 8, 0, 0, 0b101 << 7),  # token 8: register 2 -> pair 2, bits 7..9
+    ],
 )
-def test_round_trip(lead, groups, seed):
-    g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 8, (*lead, groups * 8), generator=g, dtype=torch.uint8)
-    packed = pack_codes(codes)
-    assert packed.shape == (*lead, groups * 3)
-    assert torch.equal(unpack_codes(packed, groups * 8), codes)
+def test_single_code_lands_on_the_documented_bits(kind, page_size, head_dim, token, dim, byte, value):
+    packed = _one_code(kind, page_size, head_dim, token, dim)
+    want = [0] * len(packed)
+    for i in range(4):  # the code may straddle a byte boundary: spread the little-endian value
+        if byte + i < len(want):
+            want[byte + i] = (value >> (8 * i)) & 0xFF
+    assert packed == want
 
 
-@settings(max_examples=30, deadline=None)
-@given(data=st.binary(min_size=3, max_size=96).filter(lambda b: len(b) % 3 == 0))
-def test_every_byte_string_round_trips(data):
-    packed = torch.tensor(list(data), dtype=torch.uint8)
-    d = len(data) * 8 // 3
-    assert torch.equal(pack_codes(unpack_codes(packed, d)), packed)
+@pytest.mark.parametrize("kind", KINDS)
+def test_pair_15_is_spread_over_the_spare_bits(kind):
+    # pair 15 of lane 0 (block 3, register 3): bit b of its low code at bit 0 of word b, of its high
+    # code at bit 16 of word b; words 0..2 of lane 0 are bytes 0..11
+    (t0, d0), (t1, d1) = pair_coords(kind, 0, 15)
+    assert ((t0, d0), (t1, d1)) == (((8, 56), (8, 57)) if kind == KEY else ((8, 56), (9, 56)))
+    lo = _one_code(kind, 16, 64, t0, d0)  # 0b101: bits 0 and 2
+    assert [i for i, x in enumerate(lo) if x] == [0, 8] and lo[0] == lo[8] == 0x01
+    hi = _one_code(kind, 16, 64, t1, d1, code=0b010)  # bit 1 only: word 1, bit 16 -> byte 6
+    assert [i for i, x in enumerate(hi) if x] == [6] and hi[6] == 0x01
+    assert _bits_set(torch.tensor(_one_code(kind, 16, 64, t1, d1, code=0b111), dtype=torch.uint8)) == [16, 48, 80]
 
 
-def test_bit_order_is_little_endian_24_bit_word():
-    codes = torch.tensor([1, 2, 3, 4, 5, 6, 7, 0], dtype=torch.uint8)
-    w = sum(c << (3 * j) for j, c in enumerate(codes.tolist()))
-    assert pack_codes(codes).tolist() == [w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF]
-    one_hot = torch.zeros(8, dtype=torch.uint8)
-    one_hot[7] = 7
-    assert pack_codes(one_hot).tolist() == [0, 0, 0b11100000]
+def test_worked_example_of_the_doc():
+    # docs/TQ3P.md: lane 5 of chunk 0 is words 15..17 (bytes 60..71) for D = 64; pair 15 of lane 5 is
+    # keys (9, 58) / (9, 59): code 0b101 at (9, 58) sets bit 0 of words 15 and 17
+    assert pair_coords(KEY, 5, 15) == ((9, 58), (9, 59))
+    packed = _one_code(KEY, 16, 64, 9, 58)
+    assert [(i, x) for i, x in enumerate(packed) if x] == [(60, 0x01), (68, 0x01)]
+    packed = _one_code(KEY, 16, 64, 9, 2)
+    assert [(i, x) for i, x in enumerate(packed) if x] == [(60, 0x50)]
+    assert [pair_coords(VALUE, 5, p) for p in (0, 4, 15)] == [((2, 1), (3, 1)), ((2, 17), (3, 17)), ((10, 57), (11, 57))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim,page_size", [(64, 16), (128, 32), (256, 16)])
+def test_random_single_codes_follow_the_rule(kind, head_dim, page_size):
+    g = torch.Generator().manual_seed(7)
+    for _ in range(40):
+        token = int(torch.randint(0, page_size, (1,), generator=g))
+        dim = int(torch.randint(0, head_dim, (1,), generator=g))
+        chunk, tc = divmod(token, CHUNK_TOKENS)
+        lane, pair, half = next(
+            (lane, pair, half)
+            for lane in range(LANES)
+            for pair in range(head_dim // 4)
+            for half, coord in enumerate(pair_coords(kind, lane, pair))
+            if coord == (tc, dim)
+        )
+        bits = _rule_bits(chunk, lane, pair, half, head_dim)
+        packed = torch.tensor(_one_code(kind, page_size, head_dim, token, dim), dtype=torch.uint8)
+        assert _bits_set(packed) == [bits[0], bits[2]]  # 0b101
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_lane_word_builds_the_packed_words(kind, head_dim):
+    # layout.lane_word is how the FP8 -> TQ3 kernel packs: one uint32 word at a time, OR of its codes,
+    # with lane and triple symbolic. Evaluated here with lane and triple as tensors (every lane and
+    # triple at once, as the kernel's threads do) and the codes as int64, it gives pack_codes' words.
+    page_size = 32
+    layout = TQ3PageLayout(1, page_size, head_dim)
+    codes = torch.randint(0, 8, (page_size, head_dim), generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
+    words = pack_codes(codes, kind).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    words = words.view(page_size // CHUNK_TOKENS, LANES, layout.lane_words // 3, 3)  # chunk, lane, triple, word
+    lane = torch.arange(LANES).view(-1, 1)
+    triple = torch.arange(layout.lane_words // 3).view(1, -1)
+    for chunk in range(page_size // CHUNK_TOKENS):
+        chunk_codes = codes[chunk * CHUNK_TOKENS : (chunk + 1) * CHUNK_TOKENS].to(torch.int64)
+        for j in range(3):
+            got = lane_word(kind, lane, triple, j, lambda t, d: chunk_codes[t, d])
+            assert torch.equal(got, words[chunk, :, :, j]), (chunk, j)
+    # and with plain ints, one word
+    assert lane_word(kind, 5, 0, 2, lambda t, d: int(codes[t, d])) == int(words[0, 5, 0, 2])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_byte_reads_of_code_bit_index_unpack(kind):
+    # what the TQ3 -> FP8 kernel does per (token, dim): 3 byte loads at code_bit_index // 8, bit % 8
+    page_size, head_dim = 32, 128
+    codes = torch.randint(0, 8, (page_size, head_dim), generator=torch.Generator().manual_seed(4), dtype=torch.uint8)
+    packed = pack_codes(codes, kind).to(torch.int64)
+    t = torch.arange(page_size).view(-1, 1)
+    d = torch.arange(head_dim).view(1, -1)
+    got = torch.zeros(page_size, head_dim, dtype=torch.int64)
+    for bit in range(3):
+        index = code_bit_index(kind, t, d, bit, head_dim, where=torch.where)
+        got |= ((packed[index // 8] >> (index % 8)) & 1) << bit
+    assert torch.equal(got, codes.to(torch.int64))
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="got max 8"):
-        pack_codes(torch.full((8,), 8, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="multiple of 8, got 12"):
-        pack_codes(torch.zeros(12, dtype=torch.uint8))
+    codes = torch.zeros(16, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="kind must be 'k' or 'v', got 'q'"):
+        pack_codes(codes, "q")
+    with pytest.raises(ValueError, match="kind must be 'k' or 'v', got 'q'"):
+        unpack_codes(torch.zeros(384, dtype=torch.uint8), "q", 16, 64)
+    with pytest.raises(ValueError, match="kind must be 'k' or 'v', got 'q'"):
+        pair_coords("q", 0, 0)
+    with pytest.raises(ValueError, match="kind must be 'k' or 'v', got 'q'"):
+        code_bit_index("q", 0, 0, 0, 64)
     with pytest.raises(TypeError, match="dtype=torch.int64"):
-        pack_codes(torch.zeros(8, dtype=torch.int64))
-    with pytest.raises(ValueError, match="packs into 24 bytes, got last dim 23"):
-        unpack_codes(torch.zeros(23, dtype=torch.uint8), 64)
-    with pytest.raises(ValueError, match="got 60"):
-        unpack_codes(torch.zeros(24, dtype=torch.uint8), 60)
+        pack_codes(codes.long(), KEY)
+    with pytest.raises(TypeError, match="dtype=torch.int8"):
+        unpack_codes(torch.zeros(384, dtype=torch.int8), KEY, 16, 64)
+    with pytest.raises(ValueError, match="got max 8"):
+        pack_codes(torch.full((16, 64), 8, dtype=torch.uint8), VALUE)
+    with pytest.raises(ValueError, match=r"page_size, head_dim\], got shape \(64,\)"):
+        pack_codes(torch.zeros(64, dtype=torch.uint8), KEY)
+    with pytest.raises(ValueError, match="pack into 384 bytes, got last dim 383"):
+        unpack_codes(torch.zeros(383, dtype=torch.uint8), KEY, 16, 64)
+    with pytest.raises(ValueError, match="head_dim to be a positive multiple of 64, got 96"):
+        pack_codes(torch.zeros(16, 96, dtype=torch.uint8), KEY)
+    with pytest.raises(ValueError, match="head_dim to be a positive multiple of 64, got 96"):
+        unpack_codes(torch.zeros(576, dtype=torch.uint8), VALUE, 16, 96)
+    with pytest.raises(ValueError, match="page_size to be a positive multiple of 16, got 8"):
+        pack_codes(torch.zeros(8, 64, dtype=torch.uint8), VALUE)
+    with pytest.raises(ValueError, match="page_size to be a positive multiple of 16, got 8"):
+        unpack_codes(torch.zeros(192, dtype=torch.uint8), KEY, 8, 64)

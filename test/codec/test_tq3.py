@@ -10,7 +10,7 @@ import torch
 
 from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
-from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.layout import KEY, VALUE, TQ3PageLayout
 from sglang_minima.codec.packing import unpack_codes
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import (
@@ -38,7 +38,7 @@ def _kv(n: int, d: int, seed: int = 0, dtype=torch.float32):
     return k.to(dtype), v.to(dtype)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256, 96])
+@pytest.mark.parametrize("d", [64, 128, 256, 192])  # 192: not a power of two, the Haar-rotation fallback
 def test_round_trip_shapes_and_original_space(d):
     layout, rot, cb = _setup(d)
     k, v = _kv(3, d)
@@ -126,6 +126,25 @@ def test_zero_keys_and_constant_values():
     assert torch.equal(dequantize_values(codes, scale, zero), torch.full((3, d), 0.375))
 
 
+def test_zero_value_rows_store_a_positive_zero_point():
+    # The sign of a zero minimum depends on the reduction order (amin of [-0., +0.] is the first one),
+    # so the reference stores +0.0 for any zero minimum, as the GPU conversion kernel does: 0x0000.
+    rows = torch.tensor([[-0.0] * 8, [-0.0, 0.0] * 4, [0.0, -0.0] * 4, [0.0] * 8])
+    codes, scale, zero = quantize_values(rows)
+    assert zero.view(torch.int16).tolist() == [0, 0, 0, 0]
+    assert torch.count_nonzero(codes) == 0 and scale.view(torch.int16).tolist() == [0, 0, 0, 0]
+    # Whole pages of zero values, with signs: the rotated rows mix +0 and -0.
+    d = 64
+    layout, rot, cb = _setup(d)
+    signs = torch.randint(0, 2, (1, H, P, d), generator=torch.Generator().manual_seed(5)).bool()
+    v = torch.where(signs, torch.tensor(-0.0), torch.tensor(0.0))
+    assert torch.signbit(rot.rotate(v, head_axis=-3)).any() and not torch.signbit(rot.rotate(v, head_axis=-3)).all()
+    pages = encode_pages(torch.randn(1, H, P, d), v, layout, rot, cb)
+    assert torch.count_nonzero(pages[:, layout.v_zero_offset : layout.v_zero_offset + layout.meta_bytes]) == 0
+    f = page_fields(pages, layout)
+    assert torch.count_nonzero(f.v_codes) == 0 and torch.count_nonzero(f.v_scale.view(torch.int16)) == 0
+
+
 def test_layout_offsets():
     d = 64
     layout, rot, cb = _setup(d)
@@ -134,8 +153,12 @@ def test_layout_offsets():
     k_codes, k_norm = quantize_keys(rot.rotate(k, head_axis=-3), cb)
     v_codes, v_scale, v_zero = quantize_values(rot.rotate(v, head_axis=-3))
     cb_ = layout.code_bytes
-    assert torch.equal(unpack_codes(pages[:, :cb_].view(2, H, P, -1), d), k_codes)
-    assert torch.equal(unpack_codes(pages[:, cb_ : 2 * cb_].view(2, H, P, -1), d), v_codes)
+    assert torch.equal(unpack_codes(pages[:, :cb_].view(2, H, -1), KEY, P, d), k_codes)
+    assert torch.equal(unpack_codes(pages[:, cb_ : 2 * cb_].view(2, H, -1), VALUE, P, d), v_codes)
+    f = page_fields(pages, layout)  # the field views cover the same bytes, one code block per head
+    assert f.k_codes.shape == f.v_codes.shape == (2, H, layout.head_code_bytes)
+    assert torch.equal(unpack_codes(f.k_codes, KEY, P, d), k_codes)
+    assert torch.equal(unpack_codes(f.v_codes, VALUE, P, d), v_codes)
     for off, field in (
         (layout.k_norm_offset, k_norm),
         (layout.v_scale_offset, v_scale),
@@ -173,15 +196,20 @@ def test_deterministic_and_pinned():
     assert hashlib.sha256(a.numpy().tobytes()).hexdigest() == GOLDEN_SHA256
 
 
-GOLDEN_SHA256 = "2daf680006df463c9cbd24fbfd8f1c89d7a70986a4e0d5d32d565ecfd6efe110"
+# Re-pinned when the codes moved to the MMA order (layout.py). Only the order of the code bits changed:
+# this page's codes re-packed in the old order (8 codes per 3 bytes) give back the old pin,
+# 2daf680006df463c9cbd24fbfd8f1c89d7a70986a4e0d5d32d565ecfd6efe110, byte for byte.
+GOLDEN_SHA256 = "0a8ca0c02d2c4e76267e82ba7b12b6f4ca6290c4166301ccde50c94af074de21"
 
 
 def test_bad_inputs():
     d = 64
     layout, rot, cb = _setup(d)
     k, v = _kv(1, d)
-    with pytest.raises(ValueError, match="multiple of 8, got 60"):
-        TQ3PageLayout(H, P, 60)
+    with pytest.raises(ValueError, match="head_dim to be a positive multiple of 64, got 96"):
+        TQ3PageLayout(H, P, 96)
+    with pytest.raises(ValueError, match="page_size to be a positive multiple of 16, got 8"):
+        TQ3PageLayout(H, 8, d)
     with pytest.raises(TypeError, match="dtype=torch.int32"):
         encode_pages(k.int(), v, layout, rot, cb)
     with pytest.raises(ValueError, match=r"k must have shape \[num_pages, 2, 16, 64\], got \(1, 2, 8, 64\)"):

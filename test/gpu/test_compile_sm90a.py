@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 tilelang = pytest.importorskip("tilelang")
+pytest.importorskip("flashinfer")  # minima_kernels imports it: both come with the gpu extra
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
@@ -24,15 +25,24 @@ def _compile(jit_fn, *args, **kwargs) -> str:
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_decode_compiles_pipelined(hq: int, h: int, d: int, p: int) -> None:
+def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     from minima_kernels import tile_config, tq3_decode_kernel, tq3_merge_splits
     from minima_kernels.decode import key_centroids_fp16
+    from minima_kernels.rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
 
     g = hq // h
-    src = _compile(tq3_decode_kernel, h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p))
-    assert "cp_async" in src  # codes and metadata copied global -> shared asynchronously
-    assert "__launch_bounds__(128, 2)" in src
-    assert "mma_sync" in src and "__byte_perm" in src
+    config = tile_config(g, p, d)
+    src = _compile(tq3_decode_kernel, h, g, d, p, d**-0.5, key_centroids_fp16(d), **config)
+    assert f"__launch_bounds__({32 * config['warps']}, {config['min_blocks']})" in src
+    # each lane streams its own code words through the warp's cp.async ring (4/8/16-byte pieces for
+    # D = 64/128/256), decodes them with the magic-number helpers, and both GEMMs are warp-level
+    # mma.sync with movmatrix in between
+    assert f"minima::cp_async<{d // 16}>" in src and "minima::cp_async_wait<" in src
+    assert "minima::tq3_keys" in src and "minima::tq3_values" in src and "minima::transpose8x8" in src
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    _compile(rotate_queries_kernel, hq, g, d, "bfloat16")
+    for with_fp8 in (False, True):
+        _compile(mixed_epilogue_kernel, hq, g, d, with_fp8, "bfloat16")
     _compile(tq3_merge_splits, hq, d)
 
 
@@ -51,3 +61,5 @@ def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int
     bwd = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv)
     for src in (fwd, bwd):
         assert "__fmaf" not in src and "fmaf(" not in src
+    # the value min and max get + 0.0 (-0.0 -> +0.0) as an add TVM's simplifier cannot drop
+    assert fwd.count("__fadd_rn(") == 2

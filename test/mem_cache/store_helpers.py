@@ -9,9 +9,9 @@ from sglang_minima.codec.tq3 import decode_pages, to_original_space
 from sglang_minima.mem_cache.page_table import FMT_HOT
 from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore
 
-PS = 4
+PS = 16
 HEADS = 2
-DIM = 16
+DIM = 64
 LAYERS = 2
 
 

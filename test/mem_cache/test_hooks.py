@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from sglang.srt.mem_cache.registry import get_radix_cache_factory
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -88,3 +89,30 @@ def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch):
     shortfall = cell * pages * 64 - (sum(pool.get_kv_size_bytes()) - padding)
     # ceil() gives under a byte per token; round() of the FP8 page count under half a page.
     assert 0 <= shortfall <= pages * 64 + layers * 64 * 2 * 3 * 64 / 2
+
+
+@pytest.mark.parametrize("page_size", [1, 8, 24])
+def test_pool_refuses_a_page_size_tq3_cannot_hold(monkeypatch, page_size):
+    _select(monkeypatch, MinimaConfig())
+    with pytest.raises(ValueError, match=f"--page-size to be a multiple of 16.*got --page-size {page_size}$"):
+        MinimaKVPool(16 * page_size, page_size=page_size, dtype=torch.bfloat16, head_num=2, head_dim=64,
+                     layer_num=1, device="cpu", enable_memory_saver=False)
+    with pytest.raises(ValueError, match=f"got --page-size {page_size}$"):
+        minima_cell_size(MinimaConfig(), num_kv_heads=2, head_dim=64, num_layers=1, page_size=page_size,
+                         model_dtype_bytes=2)
+
+
+@pytest.mark.parametrize("head_dim", [32, 80, 96])
+def test_pool_refuses_a_head_dim_tq3_cannot_hold(monkeypatch, head_dim):
+    _select(monkeypatch, MinimaConfig())
+    match = f"model's head_dim to be a multiple of 64.*this model has head_dim={head_dim}$"
+    with pytest.raises(ValueError, match=match):
+        MinimaKVPool(16 * 64, page_size=64, dtype=torch.bfloat16, head_num=2, head_dim=head_dim,
+                     layer_num=1, device="cpu", enable_memory_saver=False)
+    # The cell-size hook runs first in SGLang (it sizes the pool): the same message, before any allocation.
+    kvc = SimpleNamespace(
+        use_mla_backend=False, page_size=64, kv_cache_dtype=torch.bfloat16,
+        model_config=SimpleNamespace(head_dim=head_dim, get_num_kv_heads=lambda tp, dcp: 2),
+    )
+    with pytest.raises(ValueError, match=match):
+        cell_size_hook(lambda configurator, kvc, num_layers: 0, None, kvc, 4)

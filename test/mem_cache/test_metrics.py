@@ -26,7 +26,7 @@ def test_metrics_follow_the_store():
     pages = torch.tensor([1, 2, 3, 4])
     store.map_new(pages)
     write_tokens(store, torch.arange(PS, 5 * PS), *random_kv(4 * PS))
-    store.note_read(pages, hot_tokens=16)
+    store.note_read(pages, hot_tokens=4 * PS)
     ctl.tick([pages])
     metrics = get_minima_metrics(LABELS)
     assert get_minima_metrics({}) is metrics
@@ -37,6 +37,6 @@ def test_metrics_follow_the_store():
     assert _sample("sglang:minima_bytes", tier="stale", kind="metadata") == 2 * 2 * store.layout.metadata_bytes
     assert _sample("sglang:minima_conversion_pages_total", direction="retier") == 2
     assert _sample("sglang:minima_route_pages_total", format="fp8") == 4
-    assert _sample("sglang:minima_route_tokens_total", format="fp8") == 16
-    assert _sample("sglang:minima_live_tokens") == 16
+    assert _sample("sglang:minima_route_tokens_total", format="fp8") == 4 * PS
+    assert _sample("sglang:minima_live_tokens") == 4 * PS
     assert _sample("sglang:minima_dense_shadow_bytes") == 0

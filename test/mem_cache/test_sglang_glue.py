@@ -26,9 +26,10 @@ from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
 from sglang_minima.mem_cache.server_info import minima_server_info
 
-PS = 4
+PS = 16  # TQ3 pages hold whole 16-token MMA tiles
 PAGES = 16
-HEADS, DIM, LAYERS = 2, 16, 2
+HEADS, DIM, LAYERS = 2, 64, 2
+N_LONG = 5 * PS + 2  # a prompt of 6 pages, the last one partial
 
 
 def build(monkeypatch, **config):
@@ -85,15 +86,15 @@ def idle_invariant(t) -> None:
 
 def test_request_lifecycle_retier_prefix_hit_by_format_and_eviction(monkeypatch):
     t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5)
-    req = prefill(t, "a", list(range(1, 23)))  # 6 pages, the last one partial
+    req = prefill(t, "a", list(range(1, N_LONG + 1)))  # 6 pages, the last one partial
     t.cache.flush_pending_backups()
     pages = t.cache.live_sequences()[0]
     assert t.pool.page_table.fmt[pages].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
     release(t, req)
     idle_invariant(t)
 
-    hit = prefill(t, "b", list(range(1, 13)) + [99, 98])
-    assert hit.prefix_len == 12
+    hit = prefill(t, "b", list(range(1, 3 * PS + 1)) + [999, 998])
+    assert hit.prefix_len == 3 * PS
     t.cache.flush_pending_backups()
     assert (t.pool.stats.prefix_hit_hot_pages, t.pool.stats.prefix_hit_tq3_pages) == (1, 2)
     release(t, hit)
@@ -107,10 +108,10 @@ def test_request_lifecycle_retier_prefix_hit_by_format_and_eviction(monkeypatch)
 
 def test_pressure_converts_fp8_pages_before_sglang_evicts(monkeypatch):
     t = build(monkeypatch, recent_pages=8, sink_pages=0, fp8_page_fraction=0.25)  # 4 FP8 pages, 12 TQ3
-    a = prefill(t, "a", list(range(1, 17)))  # all 4 FP8 pages, all Recent
+    a = prefill(t, "a", list(range(1, 4 * PS + 1)))  # all 4 FP8 pages, all Recent
     t.cache.flush_pending_backups()
     assert t.pool.store.hot_pool.num_free == 0
-    b = prefill(t, "b", list(range(100, 108)))  # needs 2 more: Recent pages of `a` are converted
+    b = prefill(t, "b", list(range(1000, 1000 + 2 * PS)))  # needs 2 more: Recent pages of `a` are converted
     assert t.pool.stats.pressure_retier_pages == 2 and t.cache.evictable_size() == 0
     for req in (a, b):
         release(t, req)
@@ -119,11 +120,11 @@ def test_pressure_converts_fp8_pages_before_sglang_evicts(monkeypatch):
 
 def test_decode_lands_on_new_hot_pages(monkeypatch):
     t = build(monkeypatch, recent_pages=1, sink_pages=0, fp8_page_fraction=0.25)
-    req = prefill(t, "a", list(range(1, 9)))  # two full pages
+    req = prefill(t, "a", list(range(1, 2 * PS + 1)))  # two full pages
     assert t.allocator.check_decode_capacity(num_tokens=PS, tree_cache=t.cache)
     row = req.kv.req_pool_idx
-    last = t.req_to_token.req_to_token[row, 7:8].long()
-    out = t.allocator.alloc_decode(torch.tensor([9]), torch.tensor([9]), last)
+    last = t.req_to_token.req_to_token[row, 2 * PS - 1 : 2 * PS].long()
+    out = t.allocator.alloc_decode(torch.tensor([2 * PS + 1]), torch.tensor([2 * PS + 1]), last)
     page = int(out[0]) // PS
     assert int(out[0]) % PS == 0 and t.pool.page_table.fmt[page] == FMT_HOT and bool(t.pool.page_table.mapped[page])
 
@@ -132,10 +133,10 @@ def test_auto_dtype_without_stale_stores_exactly_what_sglang_stores(monkeypatch)
     t = build(monkeypatch, hot_dtype="auto", disable_stale=True)
     ref = MHATokenToKVPool(PAGES * PS, page_size=PS, dtype=torch.float32, head_num=HEADS, head_dim=DIM,
                            layer_num=LAYERS, device="cpu", enable_memory_saver=False)
-    req = prefill(t, "a", list(range(1, 23)))
+    req = prefill(t, "a", list(range(1, N_LONG + 1)))
     t.cache.flush_pending_backups()
-    loc = t.req_to_token.req_to_token[req.kv.req_pool_idx, :22].long()
-    k, v = torch.randn(22, HEADS, DIM), torch.randn(22, HEADS, DIM)
+    loc = t.req_to_token.req_to_token[req.kv.req_pool_idx, :N_LONG].long()
+    k, v = torch.randn(N_LONG, HEADS, DIM), torch.randn(N_LONG, HEADS, DIM)
     for pool in (t.pool, ref):
         pool.set_kv_buffer(SimpleNamespace(layer_id=1), loc, k.clone(), v.clone())
     assert torch.equal(t.pool.hot_k_buffer(1)[t.pool.hot_slots(loc)], ref.get_key_buffer(1)[loc])
@@ -144,17 +145,17 @@ def test_auto_dtype_without_stale_stores_exactly_what_sglang_stores(monkeypatch)
 
 def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
     t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5)
-    req = prefill(t, "a", list(range(1, 23)))  # the scheduler holds running requests
+    req = prefill(t, "a", list(range(1, N_LONG + 1)))  # the scheduler holds running requests
     t.cache.flush_pending_backups()
     assert t.cache.live_sequences()[0].numel() == req.kv.kv_allocated_len // PS + 1
     info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator))
     memory = info["memory"]
     assert info["active"] and info["pool"]["fp8_pages"] == 8 and info["pool"]["tq3_pages"] == 8
     assert memory["accounted_bytes"] == memory["allocated_bytes"] == sum(t.pool.get_kv_size_bytes())
-    assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == 22
+    assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == N_LONG
     assert info["stats"]["dense_shadow_bytes"] == 0 and info["stats"]["fallbacks"] == 0
     report = memory_report(t.pool.store)
-    assert report.bytes_per_live_token == report.live_bytes / 22
+    assert report.bytes_per_live_token == report.live_bytes / N_LONG
 
 
 def test_minima_radix_cache_rejects_a_plain_allocator(monkeypatch):

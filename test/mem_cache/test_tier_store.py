@@ -39,7 +39,7 @@ def test_retier_then_promote_keeps_pages_readable(fp8):
 def test_only_sealed_hot_pages_are_converted():
     store = make_store()
     store.map_new(torch.tensor([1, 2]))
-    write_tokens(store, torch.arange(4, 4 + PS + 2), *random_kv(PS + 2))  # page 1 full, page 2 partial
+    write_tokens(store, torch.arange(PS, 2 * PS + 2), *random_kv(PS + 2))  # page 1 full, page 2 partial
     assert store.retier(torch.tensor([1, 2])) == 1
     assert store.page_table.fmt[1] == FMT_TQ3 and store.page_table.fmt[2] == FMT_HOT
 

@@ -27,8 +27,8 @@ def _corpus(limit_files: int = 200):
     yield "The quick brown fox jumps over the lazy dog. " * 50
 
 
-def build_tiny_model(out_dir: Path, *, vocab: int = 2048, layers: int = 2, hidden: int = 128,
-                     heads: int = 4, kv_heads: int = 2, head_dim: int = 32) -> Path:
+def build_tiny_model(out_dir: Path, *, vocab: int = 2048, layers: int = 2, hidden: int = 256,
+                     heads: int = 4, kv_heads: int = 2, head_dim: int = 64) -> Path:
     """Write an fp32 Llama checkpoint + tokenizer to out_dir (reused if already there)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

@@ -56,6 +56,8 @@ def test_user_flags_win_over_defaults(monkeypatch, tmp_path):
     ({"dcp_size": 2}, "--dcp-size"),
     ({"radix_cache_backend": None}, "--radix-cache-backend"),
     ({"page_size": 1}, "--page-size"),
+    ({"page_size": 8}, "--page-size"),
+    ({"page_size": 24}, "--page-size"),
 ])
 def test_unsupported_combinations_name_the_flag(overrides, flag):
     with pytest.raises(LaunchError) as exc:
@@ -63,5 +65,13 @@ def test_unsupported_combinations_name_the_flag(overrides, flag):
     assert exc.value.message.startswith(flag)
 
 
-def test_supported_args_pass():
-    check_supported(_args())
+@pytest.mark.parametrize("page_size", [1, 8, 24, 0])
+def test_page_size_must_hold_whole_16_token_tiles(page_size):
+    with pytest.raises(LaunchError) as exc:
+        check_supported(_args(page_size=page_size))
+    assert "multiple of 16" in exc.value.message and exc.value.message.endswith(f"got {page_size}")
+
+
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+def test_supported_args_pass(page_size):
+    check_supported(_args(page_size=page_size))

@@ -1,22 +1,34 @@
 """TQ3P: the packed byte layout of one Stale (TQ3) page, defined once.
 
-The torch codec, the TileLang kernels and the byte accounting all import these constants and
-``TQ3PageLayout``; docs/TQ3P.md describes the same layout in prose with byte offsets.
+The torch codec, the TileLang kernels and the byte accounting all import these constants,
+``TQ3PageLayout``, ``pair_coords``, ``code_bit_index`` and ``lane_word``; docs/TQ3P.md describes the
+same layout in prose.
 
 One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one contiguous uint8 block:
 
-    offset 0                       k_codes  uint8 [num_kv_heads, page_size, head_dim*3/8]
-    + code_bytes                   v_codes  uint8 [num_kv_heads, page_size, head_dim*3/8]
+    offset 0                       k_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
+    + code_bytes                   v_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
     + 2*code_bytes                 k_norm   fp16  [num_kv_heads, page_size]   key norm correction
     + 2*code_bytes + meta          v_scale  fp16  [num_kv_heads, page_size]
     + 2*code_bytes + 2*meta        v_zero   fp16  [num_kv_heads, page_size]
 
-(code_bytes = H*P*D*3/8, meta = H*P*2.) Head-major inside the page so that one CTA working on one
-KV head reads one contiguous run of codes and one of metadata per page (coalesced loads).
+(code_bytes = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV head reads one
+contiguous run of codes per page.
 
-Codes: 3 bits each, 8 codes per 3 bytes. Codes c0..c7 of coordinates 8g..8g+7 form the little-endian
-24-bit word w = sum_j c_j << (3*j), stored as bytes (w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF)
-at byte offset 3g of the token's code row.
+Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
+so that a warp loads them straight into registers with coalesced vector loads and turns them into
+fp16 operands with a few bit operations, without a shared-memory round trip:
+
+* a head's block is split into chunks of 16 tokens (one MMA tile); a chunk is 32 lane streams of
+  3*D/16 bytes (D/4 code pairs each), lane after lane;
+* a lane's pair ``p`` feeds register ``p % 4`` of the m16n8k16 A operand of 16-wide block ``p // 4``.
+  Keys (scores = K . q^T: rows are tokens, k is the head dim): lane 4r+t, block kb, register g holds
+  token r + 8(g&1), dims 16kb + 2t + 8(g>>1) and the next one. Values (out^T = V^T . p^T: rows are
+  dims, k is tokens): dim 16kb + r + 8(g&1), tokens 2t + 8(g>>1) and the next one;
+* a lane stream is a sequence of 96-bit triples (three little-endian uint32 words) of 16 pairs. Pair
+  q < 15 sits in word q // 5, its low code at bits 1+3(q%5) .. 3+3(q%5) and its high code 16 bits
+  above: ``(w >> s) & 0x00070007`` gives both halves of an fp16x2 at once. Pair 15 is spread over the
+  spare bits: bit b of its low (high) code is bit 0 (16) of word b.
 
 LSE convention for every Minima attention op (torch and GPU): base 2, as FlashInfer returns it.
 """
@@ -26,9 +38,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TQ3_BITS = 3
-CODES_PER_GROUP = 8  # codes packed per group
-BYTES_PER_GROUP = 3  # 8 codes * 3 bits = 24 bits
 NUM_CODES = 1 << TQ3_BITS
+CHUNK_TOKENS = 16  # tokens per MMA tile (the M of the key GEMM, the K of the value GEMM)
+LANES = 32  # lane streams per chunk (one warp)
+PAIRS_PER_TRIPLE = 16  # code pairs (fp16x2 operands) per 96-bit triple
+TRIPLE_WORDS = 3
+PAIRS_PER_WORD = 5  # pairs 0..14 of a triple, 5 per word; pair 15 lives in the spare bits
+PAIR_BIT_STRIDE = 3
+PAIR_BIT_BASE = 1  # low code of pair q at bit 1 + 3(q % 5): never bit 0, see docs/TQ3P.md
+HEAD_DIM_MULTIPLE = 64  # D/4 pairs per lane must fill whole triples
+HIGH_CODE_SHIFT = 16  # a pair's high code sits 16 bits above its low code (the upper fp16 of fp16x2)
+KEY, VALUE = "k", "v"
 META_DTYPE_BYTES = 2  # fp16 norm / scale / zero
 K_META_FIELDS = 1  # k_norm
 V_META_FIELDS = 2  # v_scale, v_zero
@@ -47,19 +67,31 @@ class TQ3PageLayout:
     head_dim: int
 
     def __post_init__(self) -> None:
-        if self.head_dim <= 0 or self.head_dim % CODES_PER_GROUP != 0:
+        if self.head_dim <= 0 or self.head_dim % HEAD_DIM_MULTIPLE != 0:
             raise ValueError(
-                f"TQ3 needs head_dim to be a positive multiple of {CODES_PER_GROUP}, got {self.head_dim}"
+                f"TQ3 needs head_dim to be a positive multiple of {HEAD_DIM_MULTIPLE}, got {self.head_dim}"
             )
-        if self.page_size <= 0 or self.num_kv_heads <= 0:
+        if self.page_size <= 0 or self.page_size % CHUNK_TOKENS != 0:
             raise ValueError(
-                f"TQ3 needs positive page_size and num_kv_heads, got {self.page_size}, {self.num_kv_heads}"
+                f"TQ3 needs page_size to be a positive multiple of {CHUNK_TOKENS}, got {self.page_size}"
             )
+        if self.num_kv_heads <= 0:
+            raise ValueError(f"TQ3 needs a positive num_kv_heads, got {self.num_kv_heads}")
 
     @property
     def code_bytes_per_token(self) -> int:
         """Packed code bytes of one token of one head (K or V)."""
         return self.head_dim * TQ3_BITS // 8
+
+    @property
+    def lane_words(self) -> int:
+        """uint32 words of one lane stream of one chunk (3*D/64: 3, 6, 12 for D = 64, 128, 256)."""
+        return self.head_dim * TQ3_BITS // 64
+
+    @property
+    def head_code_bytes(self) -> int:
+        """Packed code bytes of one head of one page, K or V."""
+        return self.page_size * self.code_bytes_per_token
 
     @property
     def code_bytes(self) -> int:
@@ -112,3 +144,61 @@ def fp8_page_bytes(num_kv_heads: int, page_size: int, head_dim: int, v_head_dim:
     """Bytes of one FP8 page of one layer (K and V, no metadata: scales are per layer)."""
     v_head_dim = head_dim if v_head_dim is None else v_head_dim
     return num_kv_heads * page_size * (head_dim + v_head_dim) * FP8_BYTES
+
+
+def pair_coords(kind: str, lane: int, pair: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(token, dim) of the low and high code of ``pair`` of ``lane``, inside one 16-token chunk.
+    Integer arithmetic only (// % & >> * +), so ``lane`` and ``pair`` may also be TileLang expressions."""
+    block, reg = pair // 4, pair % 4
+    r, t = lane // 4, lane % 4
+    if kind == KEY:
+        token, dim = r + 8 * (reg & 1), 16 * block + 2 * t + 8 * (reg >> 1)
+        return (token, dim), (token, dim + 1)
+    if kind == VALUE:
+        token, dim = 2 * t + 8 * (reg >> 1), 16 * block + r + 8 * (reg & 1)
+        return (token, dim), (token + 1, dim)
+    raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
+
+
+def code_bit_index(kind: str, token, dim, bit, head_dim: int, where=None):
+    """Bit index, inside one head's code block of a page, of bit ``bit`` (0..2) of the code of
+    (``token``, ``dim``); byte ``i // 8``, bit ``i % 8``. Pure integer arithmetic (// % * + and
+    ``where(cond, a, b)``), so the same function indexes Python ints, torch tensors and TileLang
+    expressions. ``where`` defaults to a Python conditional."""
+    if where is None:
+        where = lambda cond, a, b: a if cond else b  # noqa: E731
+    chunk, tc = token // CHUNK_TOKENS, token % CHUNK_TOKENS
+    block, dd = dim // 16, dim % 16
+    if kind == KEY:
+        r, t, half = tc % 8, (dd % 8) // 2, dd % 2
+        reg = tc // 8 + 2 * (dd // 8)
+    elif kind == VALUE:
+        r, t, half = dd % 8, (tc % 8) // 2, tc % 2
+        reg = dd // 8 + 2 * (tc // 8)
+    else:
+        raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
+    pair = 4 * block + reg
+    triple, q = pair // PAIRS_PER_TRIPLE, pair % PAIRS_PER_TRIPLE
+    lane_words = head_dim * TQ3_BITS // 64
+    word0 = (chunk * LANES + 4 * r + t) * lane_words + TRIPLE_WORDS * triple
+    spread = q == PAIRS_PER_TRIPLE - 1
+    word = word0 + where(spread, bit, q // PAIRS_PER_WORD)
+    pos = where(spread, 16 * half, PAIR_BIT_BASE + PAIR_BIT_STRIDE * (q % PAIRS_PER_WORD) + 16 * half + bit)
+    return word * 32 + pos
+
+
+def lane_word(kind: str, lane, triple, word: int, code):
+    """uint32 word ``word`` (0..2) of triple ``triple`` of lane ``lane``'s stream of one chunk, built
+    as the OR of the codes it holds: pairs 5*word .. 5*word+4 of the triple whole (low code at bit
+    1 + 3i, high code 16 above), and bit ``word`` of both codes of pair 15 at bits 0 and 16.
+    ``code(token, dim)`` gives the code of a token of the chunk as an unsigned integer. Integer
+    operators only, so ``lane``, ``triple`` and the codes may be ints, tensors or TileLang
+    expressions (the FP8 -> TQ3 kernel packs with it); the inverse of ``code_bit_index``."""
+    first = PAIRS_PER_TRIPLE * triple
+    (t0, d0), (t1, d1) = pair_coords(kind, lane, first + PAIRS_PER_TRIPLE - 1)
+    value = ((code(t0, d0) >> word) & 1) | (((code(t1, d1) >> word) & 1) << HIGH_CODE_SHIFT)
+    for i in range(PAIRS_PER_WORD):
+        (t0, d0), (t1, d1) = pair_coords(kind, lane, first + PAIRS_PER_WORD * word + i)
+        shift = PAIR_BIT_BASE + PAIR_BIT_STRIDE * i
+        value = value | (code(t0, d0) << shift) | (code(t1, d1) << (shift + HIGH_CODE_SHIFT))
+    return value

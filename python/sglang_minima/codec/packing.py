@@ -1,44 +1,63 @@
-"""3-bit code packing: 8 codes per 3 bytes (layout.py, "Codes")."""
+"""3-bit code packing of one head of one page, in the MMA order of layout.py ("Codes are stored...")."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
-from .layout import BYTES_PER_GROUP, CODES_PER_GROUP, NUM_CODES, TQ3_BITS
+from .layout import KEY, NUM_CODES, TQ3_BITS, VALUE, code_bit_index
 
 
-def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes in [0, 8) [..., D] -> uint8 [..., D*3/8]; codes c0..c7 of a group form the
-    little-endian 24-bit word sum_j c_j << 3j."""
+@lru_cache(maxsize=32)
+def _bit_index(kind: str, page_size: int, head_dim: int) -> torch.Tensor:
+    """int64 [P, D, 3]: the bit of a head's code block that holds each code bit (layout.code_bit_index)."""
+    token = torch.arange(page_size).view(-1, 1, 1)
+    dim = torch.arange(head_dim).view(1, -1, 1)
+    bit = torch.arange(TQ3_BITS).view(1, 1, -1)
+    return code_bit_index(kind, token, dim, bit, head_dim, where=torch.where).expand(page_size, head_dim, TQ3_BITS)
+
+
+def _check(kind: str, page_size: int, head_dim: int) -> torch.Tensor:
+    if kind not in (KEY, VALUE):
+        raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
+    from .layout import TQ3PageLayout
+
+    TQ3PageLayout(1, page_size, head_dim)  # validates the page geometry
+    return _bit_index(kind, page_size, head_dim)
+
+
+def pack_codes(codes: torch.Tensor, kind: str) -> torch.Tensor:
+    """uint8 codes in [0, 8) [..., P, D] (one head of one page) -> uint8 [..., P*D*3/8] in MMA order."""
     if codes.dtype != torch.uint8:
         raise TypeError(f"pack_codes expects uint8 codes, got dtype={codes.dtype}")
-    d = codes.shape[-1]
-    if d % CODES_PER_GROUP != 0:
-        raise ValueError(f"pack_codes needs a last dim that is a multiple of {CODES_PER_GROUP}, got {d}")
+    if codes.dim() < 2:
+        raise ValueError(f"pack_codes expects codes [..., page_size, head_dim], got shape {tuple(codes.shape)}")
+    p, d = codes.shape[-2:]
+    index = _check(kind, p, d).to(codes.device)
     if codes.numel() and int(codes.max()) >= NUM_CODES:
         raise ValueError(f"pack_codes: codes must be < {NUM_CODES}, got max {int(codes.max())}")
-    groups = codes.reshape(*codes.shape[:-1], d // CODES_PER_GROUP, CODES_PER_GROUP).to(torch.int32)
-    shifts = torch.arange(CODES_PER_GROUP, dtype=torch.int32, device=codes.device) * TQ3_BITS
-    word = (groups << shifts).sum(-1, dtype=torch.int32)
-    byte_shifts = torch.arange(BYTES_PER_GROUP, dtype=torch.int32, device=codes.device) * 8
-    packed = (word.unsqueeze(-1) >> byte_shifts) & 0xFF
-    return packed.to(torch.uint8).reshape(*codes.shape[:-1], d * TQ3_BITS // 8)
+    lead = codes.shape[:-2]
+    bits = (codes.unsqueeze(-1) >> torch.arange(TQ3_BITS, device=codes.device, dtype=torch.uint8)) & 1
+    flat = torch.zeros(*lead, p * d * TQ3_BITS, dtype=torch.uint8, device=codes.device)
+    flat.index_copy_(-1, index.reshape(-1), bits.reshape(*lead, -1))
+    weights = (1 << torch.arange(8, device=codes.device, dtype=torch.int32)).view(1, 8)
+    return (flat.view(*lead, -1, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
 
 
-def unpack_codes(packed: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """uint8 [..., head_dim*3/8] -> uint8 codes [..., head_dim] (inverse of pack_codes)."""
+def unpack_codes(packed: torch.Tensor, kind: str, page_size: int, head_dim: int) -> torch.Tensor:
+    """uint8 [..., P*D*3/8] -> uint8 codes [..., P, D] (inverse of pack_codes)."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"unpack_codes expects uint8 bytes, got dtype={packed.dtype}")
-    if head_dim % CODES_PER_GROUP != 0:
-        raise ValueError(f"unpack_codes needs head_dim to be a multiple of {CODES_PER_GROUP}, got {head_dim}")
-    nbytes = head_dim * TQ3_BITS // 8
+    index = _check(kind, page_size, head_dim).to(packed.device)
+    nbytes = page_size * head_dim * TQ3_BITS // 8
     if packed.shape[-1] != nbytes:
         raise ValueError(
-            f"unpack_codes: head_dim={head_dim} packs into {nbytes} bytes, got last dim {packed.shape[-1]}"
+            f"unpack_codes: page_size={page_size}, head_dim={head_dim} pack into {nbytes} bytes, "
+            f"got last dim {packed.shape[-1]}"
         )
-    b = packed.reshape(*packed.shape[:-1], head_dim // CODES_PER_GROUP, BYTES_PER_GROUP).to(torch.int32)
-    byte_shifts = torch.arange(BYTES_PER_GROUP, dtype=torch.int32, device=packed.device) * 8
-    word = (b << byte_shifts).sum(-1, dtype=torch.int32)
-    shifts = torch.arange(CODES_PER_GROUP, dtype=torch.int32, device=packed.device) * TQ3_BITS
-    codes = (word.unsqueeze(-1) >> shifts) & (NUM_CODES - 1)
-    return codes.to(torch.uint8).reshape(*packed.shape[:-1], head_dim)
+    lead = packed.shape[:-1]
+    bits = (packed.unsqueeze(-1) >> torch.arange(8, device=packed.device, dtype=torch.uint8)) & 1
+    code_bits = bits.reshape(*lead, -1)[..., index]  # [..., P, D, 3]
+    shifts = torch.arange(TQ3_BITS, device=packed.device, dtype=torch.uint8)
+    return (code_bits << shifts).sum(-1, dtype=torch.uint8)

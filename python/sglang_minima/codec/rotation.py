@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .layout import CODES_PER_GROUP
+ROTATION_DIM_MULTIPLE = 8  # the rotation itself works for any multiple of 8; TQ3 pages need 64
 
 _MASK64 = (1 << 64) - 1
 
@@ -99,9 +99,9 @@ class LayerRotation:
 
     def __post_init__(self) -> None:
         d = self.head_dim
-        if d <= 0 or d % CODES_PER_GROUP != 0:
+        if d <= 0 or d % ROTATION_DIM_MULTIPLE != 0:
             raise ValueError(
-                f"rotation needs head_dim to be a positive multiple of {CODES_PER_GROUP}, got {d}"
+                f"rotation needs head_dim to be a positive multiple of {ROTATION_DIM_MULTIPLE}, got {d}"
             )
         if self.num_kv_heads <= 0:
             raise ValueError(f"rotation needs num_kv_heads > 0, got {self.num_kv_heads}")

@@ -17,7 +17,7 @@ import torch
 
 from .codebook import Codebook
 from .fp8 import Scale, fp8_dequantize
-from .layout import NUM_CODES, TQ3PageLayout
+from .layout import KEY, NUM_CODES, VALUE, TQ3PageLayout
 from .packing import pack_codes, unpack_codes
 from .rotation import LayerRotation
 
@@ -94,6 +94,8 @@ def quantize_values(v_rot: torch.Tensor, bits: int = 3) -> tuple[torch.Tensor, t
     v = v_rot.to(torch.float32)
     top = (1 << bits) - 1
     lo, hi = v.amin(-1), v.amax(-1)
+    # -0.0 -> +0.0: the sign of a zero min (max) depends on the reduction order; the GPU kernel does the same
+    lo, hi = lo + 0.0, hi + 0.0
     zero16 = lo.to(torch.float16)
     scale16 = _div(hi - lo, torch.full_like(hi, float(top))).to(torch.float16)
     _check_finite_fp16(zero16, "value zero point")
@@ -125,8 +127,8 @@ def _check_codes(codes: torch.Tensor, levels: int) -> None:
 class TQ3PageFields:
     """Views into TQ3P pages [N, page_bytes] (no copies), heads-major as in layout.py."""
 
-    k_codes: torch.Tensor  # uint8 [N, H, P, D*3/8]
-    v_codes: torch.Tensor  # uint8 [N, H, P, D*3/8]
+    k_codes: torch.Tensor  # uint8 [N, H, P*D*3/8], MMA order (layout.py)
+    v_codes: torch.Tensor  # uint8 [N, H, P*D*3/8], MMA order
     k_norm: torch.Tensor  # fp16 [N, H, P]
     v_scale: torch.Tensor  # fp16 [N, H, P]
     v_zero: torch.Tensor  # fp16 [N, H, P]
@@ -138,7 +140,7 @@ def page_fields(pages: torch.Tensor, layout: TQ3PageLayout) -> TQ3PageFields:
     n, h, p = pages.shape[0], layout.num_kv_heads, layout.page_size
 
     def codes(off: int) -> torch.Tensor:
-        return pages[:, off : off + layout.code_bytes].view(n, h, p, layout.code_bytes_per_token)
+        return pages[:, off : off + layout.code_bytes].view(n, h, layout.head_code_bytes)
 
     def meta(off: int) -> torch.Tensor:
         return pages[:, off : off + layout.meta_bytes].view(torch.float16).view(n, h, p)
@@ -203,8 +205,8 @@ def encode_pages(
     k_codes, k_norm = quantize_keys(rotation.rotate(kf, head_axis=-3), codebook)
     v_codes, v_scale16, v_zero16 = quantize_values(rotation.rotate(vf, head_axis=-3))
     parts = [
-        pack_codes(k_codes).reshape(n, -1),
-        pack_codes(v_codes).reshape(n, -1),
+        pack_codes(k_codes, KEY).reshape(n, -1),
+        pack_codes(v_codes, VALUE).reshape(n, -1),
         k_norm.reshape(n, -1).view(torch.uint8),
         v_scale16.reshape(n, -1).view(torch.uint8),
         v_zero16.reshape(n, -1).view(torch.uint8),
@@ -219,9 +221,9 @@ def decode_pages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TQ3P pages [N, page_bytes] -> (k̂', v̂') fp32 [N, H, P, D] in the ROTATED space."""
     f = page_fields(pages, layout)
-    d = layout.head_dim
-    k = dequantize_keys(unpack_codes(f.k_codes, d), f.k_norm, codebook)
-    v = dequantize_values(unpack_codes(f.v_codes, d), f.v_scale, f.v_zero)
+    p, d = layout.page_size, layout.head_dim
+    k = dequantize_keys(unpack_codes(f.k_codes, KEY, p, d), f.k_norm, codebook)
+    v = dequantize_values(unpack_codes(f.v_codes, VALUE, p, d), f.v_scale, f.v_zero)
     return k, v
 
 

@@ -88,7 +88,11 @@ def minima_cell_size(
     config: MinimaConfig, *, num_kv_heads: int, head_dim: int, num_layers: int, page_size: int, model_dtype_bytes: int
 ) -> int:
     """Bytes per logical token, all layers, K+V, metadata and page padding included:
-    fraction * hot + (1 - fraction) * TQ3, rounded up."""
+    fraction * hot + (1 - fraction) * TQ3, rounded up. SGLang sizes the pool with this first, so an
+    unsupported geometry is refused here, before any allocation."""
+    from sglang_minima.mem_cache.tier_store import check_geometry
+
+    check_geometry(page_size, head_dim)
     hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
     tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim).page_bytes / page_size
     fraction = 1.0 if config.disable_stale else config.fp8_page_fraction

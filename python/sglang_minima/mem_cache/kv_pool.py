@@ -37,7 +37,13 @@ from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import PageTable
 from sglang_minima.mem_cache.stats import MinimaStats
-from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore, split_pages
+from sglang_minima.mem_cache.tier_store import (
+    StoreShape,
+    TieredPageStore,
+    check_head_dim,
+    check_page_size,
+    split_pages,
+)
 from sglang_minima.plugin import resolve_config
 
 
@@ -55,8 +61,7 @@ class MinimaKVPool(MHATokenToKVPool):
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, *args, **kwargs):
         if kwargs.get("quant_method") is not None or kwargs.get("post_capture_active"):
             raise ValueError("Minima-KV does not combine with a KV quant recipe or post-capture KV backing")
-        if page_size <= 1:
-            raise ValueError("Minima-KV needs --page-size > 1 (pages are its unit of conversion)")
+        check_page_size(page_size)  # before SGLang allocates anything; head_dim in _create_buffers
         self.minima_config: MinimaConfig = resolve_config()
         hot_dtype = torch.float8_e4m3fn if self.minima_config.hot_dtype == "fp8_e4m3" else dtype
         super().__init__(size, page_size, hot_dtype, *args, **kwargs)
@@ -67,6 +72,7 @@ class MinimaKVPool(MHATokenToKVPool):
                 f"Minima-KV needs equal K/V head dims and the NHD layout, got "
                 f"{self.head_dim}/{self.v_head_dim}, {self.kv_cache_layout}"
             )
+        check_head_dim(self.head_dim)
         cfg = self.minima_config
         num_logical = self.size // self.page_size
         num_hot = num_logical if cfg.disable_stale else split_pages(num_logical, cfg.fp8_page_fraction)

@@ -13,7 +13,7 @@ import torch
 
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.fp8 import Scale, fp8_dequantize
-from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.layout import KEY, TQ3PageLayout
 from sglang_minima.codec.packing import unpack_codes
 from sglang_minima.codec.tq3 import dequantize_keys, page_fields
 from sglang_minima.ops.dense import LOG2E, causal_mask
@@ -73,7 +73,7 @@ def tq3_page_mass(
     for start in range(0, page_ids.numel(), tile_pages):
         end = min(start + tile_pages, page_ids.numel())
         f = page_fields(buffer[page_ids[start:end]], layout)
-        k = dequantize_keys(unpack_codes(f.k_codes, d), f.k_norm, codebook)  # [n, H, P, D]
+        k = dequantize_keys(unpack_codes(f.k_codes, KEY, p, d), f.k_norm, codebook)  # [n, H, P, D]
         k = k.transpose(1, 2).reshape(-1, h, d)
         k_positions = (page_starts[start:end].view(-1, 1) + offsets).reshape(-1)
         token_mass = _key_mass(q_rot, k, sm_scale, lse, causal_mask(q_positions, k_positions))

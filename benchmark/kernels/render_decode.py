@@ -1,0 +1,73 @@
+"""Render a saved bench_decode.py run (no GPU needed): markdown tables for docs/results/kernels.md
+and a PNG of Minima's speed-up over FlashInfer FP8 against context length.
+
+    python benchmark/kernels/render_decode.py docs/results/kernels_h200.json --plot docs/results/kernels_speedup.png
+"""
+
+import argparse
+import json
+
+
+def print_markdown(result: dict) -> None:
+    """The decode table and the variant table as markdown (docs/results/kernels.md)."""
+    print("| geometry | B | ctx | Stale | FI BF16 ms | FI FP8 ms | Minima ms | x FI FP8 | FI FP8 TB/s | Minima TB/s | TQ3 kernel TB/s | TQ3 % roofline | splits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in result["decode"]:
+        if "skipped" in r:
+            continue
+        tq3 = f"{r['tq3_kernel_tbps']:.2f} | {100 * r['tq3_roofline_frac']:.1f}%" if "tq3_kernel_tbps" in r else "- | -"
+        print(
+            f"| {r['geom']} | {r['batch']} | {r['ctx'] // 1024}K | {r['stale']:.2f} | {r['flashinfer_bf16_ms']:.3f} | "
+            f"{r['flashinfer_fp8_ms']:.3f} | {r['minima_ms']:.3f} | {r['speedup_vs_fp8']:.2f} | "
+            f"{r['flashinfer_fp8_tbps']:.2f} | {r['minima_tbps']:.2f} | {tq3} | {r['num_splits']} |"
+        )
+    print()
+    print("| geometry | variant | ms | TB/s | % roofline | splits |")
+    print("|---|---|---|---|---|---|")
+    for r in result.get("tq3_variants", []):
+        print(f"| {r['geom']} | {r['variant']} | {r['ms']:.3f} | {r['tbps']:.2f} | {100 * r['roofline_frac']:.1f}% | {r['splits']} |")
+
+
+def plot_speedup(result: dict, path: str) -> None:
+    """Minima mixed decode over FlashInfer FP8 vs context, one panel per geometry, a line per
+    (batch, Stale fraction)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["decode"] if "skipped" not in r and r["stale"] > 0]
+    geoms = list(dict.fromkeys(r["geom"] for r in rows))
+    fig, axes = plt.subplots(1, len(geoms), figsize=(5 * len(geoms), 4), sharey=True)
+    for ax, geom in zip(axes, geoms):
+        for batch in sorted({r["batch"] for r in rows}):
+            for stale, style in ((0.75, "-"), (0.9, ":")):
+                pts = sorted((r["ctx"], r["speedup_vs_fp8"]) for r in rows if r["geom"] == geom and r["batch"] == batch and r["stale"] == stale)
+                if pts:
+                    ax.plot([p[0] // 1024 for p in pts], [p[1] for p in pts], style, marker="o", label=f"B={batch}, Stale {stale:.0%}")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.axhline(1.5, color="red", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (K tokens)")
+        ax.set_title(geom)
+    axes[0].set_ylabel("speed-up over FlashInfer FP8 decode")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"Minima mixed FP8/TQ3 decode vs FlashInfer FP8, {result['gpu']}, {result['date']} (red: 1.5x target)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("json", help="the --out file of bench_decode.py")
+    ap.add_argument("--plot", help="write the speed-up PNG here")
+    args = ap.parse_args()
+    with open(args.json) as f:
+        result = json.load(f)
+    print_markdown(result)
+    if args.plot:
+        plot_speedup(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()
