@@ -147,3 +147,65 @@ def make_batch(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+
+
+def batch_from_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    page_size: int,
+    tq3_pages: int,
+    *,
+    layer_id: int,
+    seed: int = 0,
+    device: str = "cuda",
+    spare_pages: int = 3,
+) -> MixedBatch:
+    """One request over real K/V [N, H, D] (N a multiple of page_size) with query q [Hq, D]: FP8 with
+    per-layer amax/448 scales, as an FP8 KV cache stores it; the first ``tq3_pages`` pages converted
+    to TQ3 from their FP8 bytes (Stale), the rest kept FP8 (Recent); pages scattered over pools with
+    spare pages."""
+    n, h, d = k.shape
+    if n % page_size:
+        raise ValueError(f"{n} tokens are not whole pages of {page_size}")
+    k, v = k.to(device), v.to(device)
+    k_scale, v_scale = float(k.abs().max()) / 448, float(v.abs().max()) / 448
+    k_pages = fp8_quantize(k.view(-1, page_size, h, d).float(), k_scale)
+    v_pages = fp8_quantize(v.view(-1, page_size, h, d).float(), v_scale)
+    layout = TQ3PageLayout(h, page_size, d)
+    rotation = LayerRotation(h, d, layer_id=layer_id, seed=seed, device=device)
+    n_pages = n // page_size
+    n_fp8 = n_pages - tq3_pages
+
+    # spare pool pages hold other pages of the same layer (in range for its FP8 scales), rolled
+    def filler(pages: torch.Tensor, count: int) -> torch.Tensor:
+        reps = -(-count // pages.shape[0])
+        return pages.roll(1, 0).repeat(reps, 1, 1, 1)[:count].clone()
+
+    pool_k, pool_v = filler(k_pages, n_fp8 + spare_pages), filler(v_pages, n_fp8 + spare_pages)
+    tq3_pool = tq3_pages_from(
+        filler(k_pages, tq3_pages + spare_pages), filler(v_pages, tq3_pages + spare_pages), layout, rotation, k_scale, v_scale
+    )
+    cpu = torch.Generator().manual_seed(seed)
+    fp8_ids = torch.randperm(n_fp8 + spare_pages, generator=cpu)[:n_fp8].to(torch.int32)
+    tq3_ids = torch.randperm(tq3_pages + spare_pages, generator=cpu)[:tq3_pages].to(torch.int32)
+    pool_k[fp8_ids.long()] = k_pages[tq3_pages:]
+    pool_v[fp8_ids.long()] = v_pages[tq3_pages:]
+    tq3_pool[tq3_ids.long().to(device)] = tq3_pages_from(
+        k_pages[:tq3_pages], v_pages[:tq3_pages], layout, rotation, k_scale, v_scale
+    )
+    return MixedBatch(
+        q=q.to(device, torch.bfloat16).unsqueeze(0),
+        k_fp8=pool_k,
+        v_fp8=pool_v,
+        tq3_pages=tq3_pool,
+        fp8_indptr=torch.tensor([0, n_fp8], dtype=torch.int32),
+        fp8_page_ids=fp8_ids,
+        fp8_last_page_len=torch.tensor([page_size], dtype=torch.int32),
+        tq3_indptr=torch.tensor([0, tq3_pages], dtype=torch.int32),
+        tq3_page_ids=tq3_ids,
+        rotation=rotation,
+        layout=layout,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )

@@ -55,8 +55,8 @@ def _run_poisoned(wrapper, batch) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def _check(batch, out: torch.Tensor, lse: torch.Tensor, hq: int, d: int) -> None:
-    ref_out, ref_lse = batch.reference(d**-0.5)
+def _check(batch, out: torch.Tensor, lse: torch.Tensor, hq: int, d: int, sm_scale: float | None = None) -> None:
+    ref_out, ref_lse = batch.reference(d**-0.5 if sm_scale is None else sm_scale)
     assert out.shape == (batch.batch, hq, d) and lse.shape == (batch.batch, hq)
     assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
     rel = _rel(out, ref_out)
@@ -104,6 +104,23 @@ def test_long_context_many_splits() -> None:
     out, lse = _run_poisoned(wrapper, batch)
     assert wrapper.tq3_plan.num_splits > 1
     _check(batch, out, lse, hq, d)
+
+
+@pytest.mark.parametrize("layer", [1, 15, 29])
+def test_mixed_decode_on_captured_smollm2_kv(layer: int) -> None:
+    # real post-RoPE K/V and query of SmolLM2-135M-Instruct (test/gpu/capture_smollm2_kv.py): 1,024
+    # tokens of text, 12 of 16 pages Stale (TQ3), the 4 most recent FP8, as the tiers would hold them
+    from pathlib import Path
+
+    from kv_fixtures import batch_from_kv
+
+    data = torch.load(Path(__file__).parent / "data" / "smollm2_qkv.pt")["layers"][layer]
+    hq, d = data["q_last"].shape
+    h = data["k"].shape[1]
+    batch = batch_from_kv(data["q_last"], data["k"], data["v"], 64, 12, layer_id=layer)
+    wrapper = _wrapper(hq, h, d, 64)
+    out, lse = _run_poisoned(wrapper, batch)
+    _check(batch, out, lse, hq, d, sm_scale=data["sm_scale"])
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)

@@ -16,8 +16,8 @@ One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one co
 contiguous run of codes per page.
 
 Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
-so that a warp loads them straight into registers with coalesced vector loads and turns them into
-fp16 operands with a few bit operations, without a shared-memory round trip:
+so that each lane of a warp copies its own words with coalesced vector copies and turns them into
+fp16 operands with a few bit operations, without a decoded tile in shared memory:
 
 * a head's block is split into chunks of 16 tokens (one MMA tile); a chunk is 32 lane streams of
   3*D/16 bytes (D/4 code pairs each), lane after lane;
