@@ -14,7 +14,13 @@ import os
 import sys
 from typing import Sequence
 
-from sglang_minima.config import MinimaConfig, parse_minima_argv, set_active_config, split_minima_argv
+from sglang_minima.config import (
+    MinimaConfig,
+    add_minima_cli_args,
+    parse_minima_argv,
+    set_active_config,
+    split_minima_argv,
+)
 
 logger = logging.getLogger("sglang_minima.launch_server")
 
@@ -32,6 +38,9 @@ class LaunchError(SystemExit):
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(arg in ("-h", "--help") for arg in argv):
+        print_help()
+        return
     try:
         _, sglang_argv = prepare(argv)
         server_args = build_server_args(sglang_argv)
@@ -45,6 +54,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_server(server_args)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+def print_help(file=None) -> None:
+    """``--help``: the ``--minima-*`` flags, then SGLang's own (all accepted), without fetching a model."""
+    import argparse
+
+    prog = "python -m sglang_minima.launch_server"
+    minima = argparse.ArgumentParser(
+        prog=prog, add_help=False, description="SGLang's server with Minima-KV: every SGLang flag (below), plus:"
+    )
+    add_minima_cli_args(minima)
+    minima.print_help(file)
+    if not _cuda_available() and "sglang" not in sys.modules:
+        from sglang_minima.cpu_engine import setup_cpu_engine
+
+        setup_cpu_engine()
+    from sglang.srt.server_args import ServerArgs
+
+    sglang = argparse.ArgumentParser(prog=prog, add_help=False)
+    ServerArgs.add_cli_args(sglang)
+    print("\nSGLang flags:", file=file)
+    sglang.print_help(file)
 
 
 def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:

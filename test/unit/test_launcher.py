@@ -75,3 +75,13 @@ def test_page_size_must_hold_whole_16_token_tiles(page_size):
 @pytest.mark.parametrize("page_size", [16, 32, 64, 128])
 def test_supported_args_pass(page_size):
     check_supported(_args(page_size=page_size))
+
+
+def test_help_lists_minima_and_sglang_flags(monkeypatch, capsys):
+    # --help prints both flag sets and returns without fetching a model or starting anything
+    monkeypatch.setattr("sglang_minima.models.ensure_default_model", lambda: pytest.fail("--help fetched the model"))
+    launch_server.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--minima-recent-pages" in out and "--minima-disable-stale" in out
+    assert out.index("--minima-recent-pages") < out.index("SGLang flags:")
+    assert "--model-path" in out.split("SGLang flags:")[1] and "--page-size" in out
