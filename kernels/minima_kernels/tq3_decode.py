@@ -28,7 +28,6 @@ import itertools
 import numpy as np
 import tilelang
 import tilelang.language as T
-import torch
 from sglang_minima.codec.layout import CHUNK_TOKENS, LANES, PAIRS_PER_TRIPLE, TRIPLE_WORDS, TQ3PageLayout
 
 LOG2E = 1.4426950408889634
@@ -396,7 +395,7 @@ def tq3_decode_kernel(
             for nb in T.unroll(NB):
                 for j in T.unroll(2):
                     head = nb * HEADS_PER_TILE + 2 * t + j
-                    if r == 0 and head < G:  # noqa: SIM102
+                    if r == 0 and head < G:
                         stat_s[0, warp, head] = m_i[nb * 2 + j]
                         stat_s[1, warp, head] = l_i[nb * 2 + j]
                         stat_s[2, warp, head] = z_i[nb * 2 + j]
