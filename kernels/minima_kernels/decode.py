@@ -18,7 +18,7 @@ from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
 
 from .rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
-from .tq3_decode import ctas_per_sm, tile_config, tq3_decode_kernel, tq3_merge_splits
+from .tq3_decode import tile_config, tq3_decode_kernel, tq3_merge_splits
 
 NUM_SMS_H200 = 132
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
@@ -35,10 +35,9 @@ def choose_num_splits(
     """Splits per (request, kv head) so that batch * kv_heads * splits CTAs fit the GPU's resident CTA
     slots in one wave (a second, partial wave would leave most SMs idle while it runs), with at least
     MIN_CHUNKS_PER_WARP chunks per warp in each split."""
-    ctas = batch * num_kv_heads
-    want = ctas_per_sm(head_dim) * num_sms // ctas
-    warps = tile_config(0, page_size, head_dim)["warps"]
-    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * warps * CHUNK_TOKENS // page_size))
+    build = tile_config(0, page_size, head_dim)
+    want = build["min_blocks"] * num_sms // (batch * num_kv_heads)
+    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
     return max(1, min(want, max_pages // min_pages))
 
 
@@ -151,9 +150,9 @@ class MinimaDecodeWrapper:
                 sm_scale=self.sm_scale,
             )
         self.tq3_plan = None
+        hq, d = self.num_qo_heads, self.head_dim
         if self._has_tq3:
             splits = choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim)
-            hq, d = self.num_qo_heads, self.head_dim
             f32 = {"device": dev, "dtype": torch.float32}
             self.tq3_plan = TQ3Plan(
                 page_indptr=tq3_indptr.to(dev, torch.int32),
@@ -165,7 +164,6 @@ class MinimaDecodeWrapper:
                 lse=torch.empty(batch, hq, **f32),
                 q_rot=torch.empty(batch, hq, d, device=dev, dtype=torch.float16),
             )
-        hq, d = self.num_qo_heads, self.head_dim
         self._out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
         self._lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
         self._fp8_out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)

@@ -189,8 +189,8 @@ def tq3_decode_kernel(
     NB = -(-G // HEADS_PER_TILE)  # head tiles of 8
     heads = H * G
     lane_words = layout.lane_words  # 3, 6, 12
-    vec = lane_words // TRIPLE_WORDS  # words per vector load (1, 2, 4)
     triples = lane_words // TRIPLE_WORDS
+    vec = lane_words // TRIPLE_WORDS  # a lane stream is copied as 3 equal pieces of D/64 words
     blocks = D // 16
     chunks_per_page = P // CHUNK_TOKENS
     page_words, page_halves = layout.page_bytes // 4, layout.page_bytes // 2
@@ -202,7 +202,7 @@ def tq3_decode_kernel(
     source = _device_source(key_poly(centroids))
     if stages < 2:
         raise ValueError(f"stages={stages}: the chunk ring needs at least 2 slots")
-    copy_codes = f"minima::cp_async<{4 * vec}>"  # one lane's piece of a triple word plane: 4, 8, 16 bytes
+    copy_codes = f"minima::cp_async<{4 * vec}>"  # one piece of a lane stream: 4, 8, 16 bytes
     neg_inf = -T.infinity(T.float32)
 
     batch, num_pages, nnz, num_splits = T.dynamic("batch, num_pages, nnz, num_splits")
@@ -482,8 +482,4 @@ def tile_config(group_size: int, page_size: int, head_dim: int = 128) -> dict[st
     if head_dim >= 128:
         return {"warps": 8, "min_blocks": 2}
     return {"warps": 4, "min_blocks": 4}
-
-
-def ctas_per_sm(head_dim: int) -> int:
-    return tile_config(0, 0, head_dim)["min_blocks"]
 

@@ -86,7 +86,7 @@ class TQ3PageLayout:
     @property
     def lane_words(self) -> int:
         """uint32 words of one lane stream of one chunk (3*D/64: 3, 6, 12 for D = 64, 128, 256)."""
-        return self.head_dim * TQ3_BITS // 64
+        return lane_words(self.head_dim)
 
     @property
     def head_code_bytes(self) -> int:
@@ -146,6 +146,11 @@ def fp8_page_bytes(num_kv_heads: int, page_size: int, head_dim: int, v_head_dim:
     return num_kv_heads * page_size * (head_dim + v_head_dim) * FP8_BYTES
 
 
+def lane_words(head_dim: int) -> int:
+    """uint32 words of one lane stream of one chunk: D/4 pairs of 6 bits."""
+    return head_dim * TQ3_BITS // 64
+
+
 def pair_coords(kind: str, lane: int, pair: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """(token, dim) of the low and high code of ``pair`` of ``lane``, inside one 16-token chunk.
     Integer arithmetic only (// % & >> * +), so ``lane`` and ``pair`` may also be TileLang expressions."""
@@ -179,11 +184,11 @@ def code_bit_index(kind: str, token, dim, bit, head_dim: int, where=None):
         raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
     pair = 4 * block + reg
     triple, q = pair // PAIRS_PER_TRIPLE, pair % PAIRS_PER_TRIPLE
-    lane_words = head_dim * TQ3_BITS // 64
-    word0 = (chunk * LANES + 4 * r + t) * lane_words + TRIPLE_WORDS * triple
+    word0 = (chunk * LANES + 4 * r + t) * lane_words(head_dim) + TRIPLE_WORDS * triple
     spread = q == PAIRS_PER_TRIPLE - 1
     word = word0 + where(spread, bit, q // PAIRS_PER_WORD)
-    pos = where(spread, 16 * half, PAIR_BIT_BASE + PAIR_BIT_STRIDE * (q % PAIRS_PER_WORD) + 16 * half + bit)
+    high = HIGH_CODE_SHIFT * half
+    pos = where(spread, high, PAIR_BIT_BASE + PAIR_BIT_STRIDE * (q % PAIRS_PER_WORD) + high + bit)
     return word * 32 + pos
 
 

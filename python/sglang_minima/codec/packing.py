@@ -6,25 +6,25 @@ from functools import lru_cache
 
 import torch
 
-from .layout import KEY, NUM_CODES, TQ3_BITS, VALUE, code_bit_index
+from .layout import KEY, NUM_CODES, TQ3_BITS, VALUE, TQ3PageLayout, code_bit_index
 
 
 @lru_cache(maxsize=32)
-def _bit_index(kind: str, page_size: int, head_dim: int) -> torch.Tensor:
-    """int64 [P, D, 3]: the bit of a head's code block that holds each code bit (layout.code_bit_index)."""
+def _bit_index(kind: str, page_size: int, head_dim: int, device: torch.device) -> torch.Tensor:
+    """int64 [P, D, 3] on ``device``: the bit of a head's code block that holds each code bit
+    (layout.code_bit_index). Cached per device, so encoding on a GPU does not re-upload it."""
     token = torch.arange(page_size).view(-1, 1, 1)
     dim = torch.arange(head_dim).view(1, -1, 1)
     bit = torch.arange(TQ3_BITS).view(1, 1, -1)
-    return code_bit_index(kind, token, dim, bit, head_dim, where=torch.where).expand(page_size, head_dim, TQ3_BITS)
+    index = code_bit_index(kind, token, dim, bit, head_dim, where=torch.where)
+    return index.expand(page_size, head_dim, TQ3_BITS).contiguous().to(device)
 
 
-def _check(kind: str, page_size: int, head_dim: int) -> torch.Tensor:
+def _check(kind: str, page_size: int, head_dim: int, device: torch.device) -> torch.Tensor:
     if kind not in (KEY, VALUE):
         raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
-    from .layout import TQ3PageLayout
-
     TQ3PageLayout(1, page_size, head_dim)  # validates the page geometry
-    return _bit_index(kind, page_size, head_dim)
+    return _bit_index(kind, page_size, head_dim, device)
 
 
 def pack_codes(codes: torch.Tensor, kind: str) -> torch.Tensor:
@@ -34,7 +34,7 @@ def pack_codes(codes: torch.Tensor, kind: str) -> torch.Tensor:
     if codes.dim() < 2:
         raise ValueError(f"pack_codes expects codes [..., page_size, head_dim], got shape {tuple(codes.shape)}")
     p, d = codes.shape[-2:]
-    index = _check(kind, p, d).to(codes.device)
+    index = _check(kind, p, d, codes.device)
     if codes.numel() and int(codes.max()) >= NUM_CODES:
         raise ValueError(f"pack_codes: codes must be < {NUM_CODES}, got max {int(codes.max())}")
     lead = codes.shape[:-2]
@@ -49,7 +49,7 @@ def unpack_codes(packed: torch.Tensor, kind: str, page_size: int, head_dim: int)
     """uint8 [..., P*D*3/8] -> uint8 codes [..., P, D] (inverse of pack_codes)."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"unpack_codes expects uint8 bytes, got dtype={packed.dtype}")
-    index = _check(kind, page_size, head_dim).to(packed.device)
+    index = _check(kind, page_size, head_dim, packed.device)
     nbytes = page_size * head_dim * TQ3_BITS // 8
     if packed.shape[-1] != nbytes:
         raise ValueError(
