@@ -173,24 +173,28 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
 
 
 LIBRARY_BUILD = "library"
-TQ3_VARIANTS = {  # name: build options over tile_config (warps, resident CTAs per SM, ring stages)
+TQ3_VARIANTS = {  # name: build options over tile_config (warps, resident CTAs per SM, ring stages, shifts)
     LIBRARY_BUILD: lambda d: {},
     "3stages": lambda d: {"stages": 3},
-    "4stages": lambda d: {"stages": 4},
-    "4warps": lambda d: {"warps": 4, "min_blocks": 2 if d >= 256 else 4},
+    "imad-shifts": lambda d: {"shift_by_imad": True},  # key-field right shifts as IMAD.HI (FMA pipe)
+    # fewer / more warps per SM: 8 / 8 / 8 and 16 / 24 / 24 for head dim 256 / 128 / 64
+    "fewer-warps": lambda d: {"warps": 8, "min_blocks": 1} if d >= 256 else {"warps": 4, "min_blocks": 2},
+    "more-warps": lambda d: {"warps": 16, "min_blocks": 1} if d >= 256 else {"warps": 12, "min_blocks": 2} if d >= 128 else {"warps": 4, "min_blocks": 6},
 }
+
+
+def variant_build(d: int, name: str) -> dict:
+    return {**tile_config(0, PAGE, d), **TQ3_VARIANTS[name](d)}
 
 
 def tq3_variant_kernel(hq: int, h: int, d: int, name: str):
     """The TQ3 decode kernel of one geometry built as TQ3_VARIANTS[name] (page 64)."""
-    g = hq // h
-    tiles = {**tile_config(g, PAGE, d), **TQ3_VARIANTS[name](d)}
-    return tq3_decode_kernel(h, g, d, PAGE, d**-0.5, key_centroids_fp16(d), **tiles)
+    return tq3_decode_kernel(h, hq // h, d, PAGE, d**-0.5, key_centroids_fp16(d), **variant_build(d, name))
 
 
 def tq3_variants(dev: str) -> list[dict]:
     """TQ3 kernel alone (split decode, no combine), 75% of a 32K context, batch 8, per variant
-    (the split count is the library's, chosen for its build)."""
+    (the split count chosen for the variant's build, as the library does for its own)."""
     rows = []
     batch, ctx = 8, 32768
     for geom, (hq, h, d) in GEOMETRIES.items():
@@ -200,12 +204,12 @@ def tq3_variants(dev: str) -> list[dict]:
         pool = tq3_pool(batch * n_tq3, h, d, rotation, dev)
         ids = torch.randperm(batch * n_tq3, device=dev).to(torch.int32)
         indptr = torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32, device=dev)
-        splits = choose_num_splits(batch, h, n_tq3, PAGE, d)
         q = torch.randn(batch, hq, d, device=dev).to(torch.float16).view(torch.int32)
-        out = torch.empty(batch, hq, splits, d, device=dev)
-        lse = torch.empty(batch, hq, splits, device=dev)
         views = pool_views(pool)
         for name in TQ3_VARIANTS:
+            splits = choose_num_splits(batch, h, n_tq3, PAGE, d, build=variant_build(d, name))
+            out = torch.empty(batch, hq, splits, d, device=dev)
+            lse = torch.empty(batch, hq, splits, device=dev)
             kernel = tq3_variant_kernel(hq, h, d, name)
             ms, graph = bench_ms(partial(kernel, q, *views, indptr, ids, out, lse))
             nbytes = batch * n_tq3 * layout.page_bytes
@@ -311,6 +315,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--skip-conversion", action="store_true", help="leave out the conversion throughput")
+    ap.add_argument("--variants-only", action="store_true", help="only the TQ3 kernel build variants")
     args = ap.parse_args()
     dev = "cuda"
     t0 = time.time()
@@ -328,12 +333,14 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 
-    if not args.skip_conversion:
+    if not (args.skip_conversion or args.variants_only):
         result["conversion"] = conversion_throughput(dev)
         save()
     result["tq3_variants"] = tq3_variants(dev)
     save()
     print_variants(result)
+    if args.variants_only:
+        return
     configs = [(g, b, c) for c in CONTEXTS for b in BATCHES for g in GEOMETRIES]
     for geom, batch, ctx in configs:
         if time.time() - t0 > args.budget_s:

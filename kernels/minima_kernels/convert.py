@@ -9,8 +9,8 @@ multiply-add is contracted. One CTA converts one kv head of one page.
 FP8 pages are SGLang's layout: k/v ``[num_pages, page_size, num_kv_heads, head_dim]`` e4m3 (the
 ``[slots, H, D]`` pool viewed per page); TQ3 pages are TQ3P blocks ``[num_pages, page_bytes]``, codes
 in the MMA order of ``sglang_minima.codec.layout``: packing builds each uint32 word of a lane stream
-as the OR of its codes (``layout.lane_word``, through ``layout.pair_coords``), unpacking reads each
-code's three bits where ``layout.code_bit_index`` puts them.
+as the OR of its codes (``layout.lane_word``, through ``layout.pair_coords``), unpacking reads the
+three words of a triple and splits them back into its 32 codes (``layout.triple_codes``).
 """
 
 import math
@@ -25,12 +25,14 @@ from sglang_minima.codec.layout import (
     KEY,
     LANES,
     NUM_CODES,
+    PAIRS_PER_TRIPLE,
     TQ3_BITS,
     TRIPLE_WORDS,
     VALUE,
     TQ3PageLayout,
-    code_bit_index,
     lane_word,
+    pair_coords,
+    triple_codes,
 )
 from sglang_minima.codec.rotation import LayerRotation
 
@@ -61,15 +63,12 @@ def _chunk_codes(code_s, chunk):
     return lambda t, d: T.Cast(T.uint32, code_s[chunk * CHUNK_TOKENS + t, d])
 
 
-def _unpack(tq3, src, head_offset: int, kind: str, t, d, head_dim: int):
-    """Code of (token t, dim d) of a head's code block starting at byte ``head_offset`` of page src:
-    its three bits where layout.code_bit_index puts them."""
-    code = None
-    for bit in range(TQ3_BITS):
-        index = code_bit_index(kind, t, d, bit, head_dim, where=T.if_then_else)
-        value = ((T.Cast(T.int32, tq3[src, head_offset + index // 8]) >> (index % 8)) & 1) << bit
-        code = value if code is None else code | value
-    return code
+def _store_triple(code_s, chunk, lane, triple, kind: str, words):
+    """Store the 32 codes of a triple of ``lane``'s stream of 16-token chunk ``chunk``, given its
+    three words (layout.triple_codes), into the shared code tile at layout.pair_coords."""
+    for q, pair in enumerate(triple_codes(kind, words)):
+        for (t, d), code in zip(pair_coords(kind, lane, PAIRS_PER_TRIPLE * triple + q), pair):
+            T.buffer_store(code_s, code, [chunk * CHUNK_TOKENS + t, d])
 
 
 def _plus_zero(x):
@@ -248,13 +247,25 @@ def tq3_to_fp8_kernel(
 ):
     """TQ3P pages -> FP8 pages (promotion): decode in the rotated space, un-rotate (R^T), divide by
     the per-layer scale, cast to e4m3 (round to nearest even, saturating like torch's cast).
-    Shapes: tq3 [n_tq3, page_bytes] uint8 and tq3_f16 (same storage), src_pages / dst_pages [n],
-    signs [H, D], kv_scale [2] -> k_fp8 / v_fp8 [n_fp8, P, H, D] e4m3 (written)."""
+    Shapes: tq3_i32 [n_tq3, page_bytes/4] int32 and tq3_f16 [n_tq3, page_bytes/2] fp16 (views of the
+    same uint8 storage), src_pages / dst_pages [n], signs [H, D], kv_scale [2] -> k_fp8 / v_fp8
+    [n_fp8, P, H, D] e4m3 (written)."""
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = _log2(D)
-    hb = layout.head_code_bytes
+    hw = layout.head_code_bytes // 4  # words of one head's code block
+    lane_words = layout.lane_words
     n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")
+
+    @T.macro
+    def unpack(tq3_i32, src, h, offset, kind, code_s):
+        # one thread per 96-bit triple of a lane stream (MMA order): 3 words in, 32 codes out
+        for chunk, lane, triple in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words // TRIPLE_WORDS):
+            base = offset // 4 + h * hw + (chunk * LANES + lane) * lane_words + TRIPLE_WORDS * triple
+            w0 = tq3_i32[src, base]
+            w1 = tq3_i32[src, base + 1]
+            w2 = tq3_i32[src, base + 2]
+            _store_triple(code_s, chunk, lane, triple, kind, (w0, w1, w2))
 
     @T.macro
     def store_unrotated(x_s, dst, h, cache, scale, signs):
@@ -264,7 +275,7 @@ def tq3_to_fp8_kernel(
 
     @T.prim_func
     def tq3_to_fp8(
-        tq3: T.Tensor([n_tq3, layout.page_bytes], T.uint8),
+        tq3_i32: T.Tensor([n_tq3, layout.page_bytes // 4], T.int32),
         tq3_f16: T.Tensor([n_tq3, layout.page_bytes // 2], T.float16),
         src_pages: T.Tensor([n], T.int32),
         dst_pages: T.Tensor([n], T.int32),
@@ -278,15 +289,13 @@ def tq3_to_fp8_kernel(
             code_s = T.alloc_shared([P, D], T.int32)
             src = src_pages[c]
             dst = dst_pages[c]
-            for t, d in T.Parallel(P, D):
-                code_s[t, d] = _unpack(tq3, src, layout.k_codes_offset + h * hb, KEY, t, d, D)
+            unpack(tq3_i32, src, h, layout.k_codes_offset, KEY, code_s)
             for t, d in T.Parallel(P, D):
                 x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
                     centroids, code_s[t, d]
                 )
             store_unrotated(x_s, dst, h, k_fp8, kv_scale[0], signs)
-            for t, d in T.Parallel(P, D):
-                code_s[t, d] = _unpack(tq3, src, layout.v_codes_offset + h * hb, VALUE, t, d, D)
+            unpack(tq3_i32, src, h, layout.v_codes_offset, VALUE, code_s)
             for t, d in T.Parallel(P, D):
                 x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.v_scale_offset // 2 + h * P + t]) * T.Cast(
                     T.float32, code_s[t, d]
@@ -368,7 +377,7 @@ def tq3_to_fp8(
     centroids, _, inv_sqrt_d, _ = _kernel_constants(rotation)
     kernel = tq3_to_fp8_kernel(heads, page_size, dim, centroids, inv_sqrt_d)
     kernel(
-        tq3_pages,
+        tq3_pages.view(torch.int32),
         tq3_pages.view(torch.float16),
         src_pages.to(torch.int32),
         dst_pages.to(torch.int32),

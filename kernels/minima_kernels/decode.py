@@ -30,12 +30,19 @@ def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
 
 
 def choose_num_splits(
-    batch: int, num_kv_heads: int, max_pages: int, page_size: int, head_dim: int, num_sms: int = NUM_SMS_H200
+    batch: int,
+    num_kv_heads: int,
+    max_pages: int,
+    page_size: int,
+    head_dim: int,
+    num_sms: int = NUM_SMS_H200,
+    build: dict[str, int] | None = None,
 ) -> int:
     """Splits per (request, kv head) so that batch * kv_heads * splits CTAs fit the GPU's resident CTA
     slots in one wave (a second, partial wave would leave most SMs idle while it runs), with at least
-    MIN_CHUNKS_PER_WARP chunks per warp in each split."""
-    build = tile_config(0, page_size, head_dim)
+    MIN_CHUNKS_PER_WARP chunks per warp in each split. ``build``: the kernel's warps and resident CTAs
+    per SM (default: tile_config's)."""
+    build = build or tile_config(0, page_size, head_dim)
     want = build["min_blocks"] * num_sms // (batch * num_kv_heads)
     min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
     return max(1, min(want, max_pages // min_pages))

@@ -5,8 +5,8 @@ One CTA = (split, kv head, request), 4 warps (``warps``). The CTA's share of the
 chunks round-robin, each with its own online-softmax state, so the main loop has no CTA barrier.
 Pages store their codes in MMA order (codec/layout.py): each lane copies its own code words of a
 chunk (three coalesced pieces per format) with cp.async into its warp's ring of ``stages`` slots,
-reads them back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core operands
-with bit operations: no decoded tile in shared memory, no lookup table.
+reads them back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core operands:
+values with bit operations, keys with one table load each. No decoded tile in shared memory.
 
 Both GEMMs put the query heads of the GQA group on the MMA's N = 8 side (swap AB), so a group of up
 to 8 heads costs one n8 tile instead of a padded m16 one, and each decoded tile serves the group:
@@ -15,29 +15,48 @@ to 8 heads costs one n8 tile instead of a padded m16 one, and each decoded tile 
     out'^T  += V_chunk^T [D x 16 tok] . (p * v_scale)^T     (values: the raw codes 0..7, exact)
     out'     = (out'^T)^T + sum_t p_t v_zero_t               (one rank-1 zero term per head)
 
-Key centroids come from the code c by an odd polynomial in y = c - 3.5 (fp16x2 FMAs, coefficients
-fitted per head dim so each level lands within one fp16 ulp of the fp16 codebook value); the score
-scale (norm correction * sm_scale * log2 e) is applied per token after the GEMM. The probabilities
+A key pair (two 3-bit codes, one 6-bit field of its word, layout.WORD_BITS) is the index of a
+64-entry table of fp16x2 centroid pairs in shared memory, built once per CTA from the fp16 codebook.
+The table has one column per lane (entry e of lane l at byte 128 e + 4 l) so a warp's 32 lookups
+never share a bank, and the field's bits are the byte offset after one shift and one lop3 that
+masks it and ORs in the lane. This replaced an fp16 polynomial of c - 3.5 (six FMA-pipe ops per pair,
+~75% of the decode's issue slots). The score scale (norm correction * sm_scale * log2 e) is applied
+per token after the GEMM. The probabilities
 move from the scores' accumulator layout to the B operand of the value GEMM with ``movmatrix``.
 Softmax is base 2; each split writes its partial output (rotated space, fp32) and LSE (base 2); a
 split with no page writes out = 0, lse = -inf. ``tq3_merge_splits`` combines the splits.
 """
 
-import itertools
-
 import numpy as np
 import tilelang
 import tilelang.language as T
-from sglang_minima.codec.layout import CHUNK_TOKENS, LANES, PAIRS_PER_TRIPLE, TRIPLE_WORDS, TQ3PageLayout
+from sglang_minima.codec.layout import (
+    CHUNK_TOKENS,
+    KEY,
+    LANES,
+    NUM_CODES,
+    PAIRS_PER_TRIPLE,
+    PAIRS_PER_WORD,
+    TQ3_BITS,
+    TRIPLE_WORDS,
+    VALUE,
+    WORD_BITS,
+    TQ3PageLayout,
+)
 
 LOG2E = 1.4426950408889634
 WARPS = 4
 HEADS_PER_TILE = 8  # the MMA's N: query heads of a GQA group per tile
 
-# fp16x2 constants of the decode (bit patterns). A pair's codes sit at bits s..s+2 of each half
+# fp16x2 constants of the value decode (bit patterns). A pair's codes sit at bits s..s+2 of each half
 # (s = 1, 4, 7, layout.py); OR-ing them into 1024.0 gives 1024 + c * 2^s, exact in fp16.
 _MAGIC = 0x64006400
 _SHIFTS = (1, 4, 7)
+# The key table: entry e = low | high << 3 of lane l at byte offset e << 7 | l << 2
+KEY_TABLE_ENTRIES = NUM_CODES * NUM_CODES
+_ENTRY_SHIFT = 7
+_ENTRY_MASK = (KEY_TABLE_ENTRIES - 1) << _ENTRY_SHIFT
+assert WORD_BITS[VALUE].low == (1, 4, 7, 10, 13) and WORD_BITS[VALUE].spare == (0, 16)  # the magic path's shifts
 
 
 def _half2(x: float) -> int:
@@ -45,51 +64,80 @@ def _half2(x: float) -> int:
     return h | h << 16
 
 
-def key_poly(centroids: tuple[float, ...]) -> tuple[float, float, float, float]:
-    """Coefficients b0..b3 of g(u), u = y^2, y = c - 3.5, such that y * g(u) evaluated in fp16 with
-    fused multiply-adds (u = y*y; g = ((b3 u + b2) u + b1) u + b0; k = g*y) gives the fp16 centroid of
-    code c, or the closest fit found within +-3 ulps of the exact interpolant (at most 1 ulp off)."""
-    target = np.array(centroids[len(centroids) // 2 :], dtype=np.float64)  # y = 0.5, 1.5, 2.5, 3.5
-    ys = np.array([0.5, 1.5, 2.5, 3.5])
-    exact = np.linalg.solve(np.vander(ys * ys, 4, increasing=True), target / ys)
-
-    def f16(x):
-        return np.float16(x).astype(np.float64)
-
-    def evaluate(b):
-        u = f16(ys * ys)
-        g = f16(u * b[3] + b[2])
-        g = f16(g * u + b[1])
-        g = f16(g * u + b[0])
-        return f16(g * ys)
-
-    base = [f16(x) for x in exact]
-    steps = [float(np.spacing(np.float16(x))) for x in base]
-    best = None
-    for delta in itertools.product(range(-3, 4), repeat=4):
-        b = [f16(base[i] + delta[i] * steps[i]) for i in range(4)]
-        err = float(np.abs(evaluate(b) - target).max())
-        if best is None or err < best[0]:
-            best = (err, b)
-        if err == 0:
-            break
-    return tuple(float(x) for x in best[1])
+def _shift_expr(x: str, left: int, shift_by_imad: bool) -> str:
+    """C++ for x shifted left by ``left`` bits (right when negative). With ``shift_by_imad`` the right
+    shifts are written as high halves of products (IMAD.HI, FMA pipe) to leave the ALU pipe, which
+    the lop3s fill, to them; left shifts become IMAD.SHL either way."""
+    if left >= 0:
+        return f"({x} << {left})"
+    if shift_by_imad:
+        return f"__umulhi({x}, {1 << (32 + left)}u)"
+    return f"({x} >> {-left})"
 
 
-def _device_source(poly: tuple[float, ...]) -> str:
+def _key_table_source(centroids: tuple[float, ...], shift_by_imad: bool) -> str:
+    """CUDA for the key table: ``key_pair(e)`` (entry e's fp16x2 centroids, to fill the table) and
+    ``tq3_keys`` (a triple's 16 pairs through the table), from layout.WORD_BITS[KEY]."""
+    bits = WORD_BITS[KEY]
+    if len(centroids) != NUM_CODES or bits.high_offset != TQ3_BITS:
+        raise ValueError(f"the key table wants {NUM_CODES} centroids and 6-bit pair fields, got {len(centroids)}")
+    half_bits = [int(np.float16(c).view(np.uint16)) for c in centroids]
+    centroid = " : ".join(f"c == {i} ? 0x{h:04x}u" for i, h in enumerate(half_bits[:-1])) + f" : 0x{half_bits[-1]:04x}u"
+    lookups = []
+    for i, low in enumerate(bits.low):
+        field = "x" if low == _ENTRY_SHIFT else _shift_expr("x", _ENTRY_SHIFT - low, shift_by_imad)
+        lookups.append(f"    out[{PAIRS_PER_WORD} * k + {i}] = table_at(entry_offset({field}, lane4));")
+    # pair 15: bit b of its low / high code is bit spare[0] / spare[1] of word b. One shift by 1 + b
+    # puts the low bits at entry bits 0..2 (offset bits 7..9); the high ones land 16 above bits 10..12.
+    lo_spare, hi_spare = bits.spare
+    assert lo_spare + 1 == _ENTRY_SHIFT and hi_spare + 1 == _ENTRY_SHIFT + TQ3_BITS + 16
+    spare_mask = (1 << lo_spare) | (1 << hi_spare)
+    return f"""
+__device__ __forceinline__ uint32_t key_centroid(uint32_t c) {{ return {centroid}; }}
+// entry e of the key table: fp16x2 (centroid of the low code e & 7, of the high code e >> 3)
+__device__ __forceinline__ uint32_t key_pair(uint32_t e) {{ return key_centroid(e & 7u) | key_centroid(e >> 3) << 16; }}
+// (x & entry bits) | lane4 in one lop3 (written out: the compiler would split it in two)
+__device__ __forceinline__ uint32_t entry_offset(uint32_t x, uint32_t lane4) {{
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "n"(0x{_ENTRY_MASK:x}u), "r"(lane4));
+  return d;
+}}
+// The table is a static __shared__ array: one per CTA, filled before the main loop.
+__device__ __forceinline__ uint32_t* key_table() {{
+  __shared__ __align__(16) uint32_t table[{KEY_TABLE_ENTRIES} * 32];
+  return table;
+}}
+__device__ __forceinline__ void fill_key_table(int warp, int warps, int lane) {{
+  for (int e = warp; e < {KEY_TABLE_ENTRIES}; e += warps) key_table()[e * 32 + lane] = key_pair(e);
+}}
+__device__ __forceinline__ uint32_t table_at(uint32_t offset) {{
+  uint32_t d, base = static_cast<uint32_t>(__cvta_generic_to_shared(key_table()));
+  asm("ld.shared.b32 %0, [%1];" : "=r"(d) : "r"(base + offset));
+  return d;
+}}
+// keys: the 16 pairs of a triple as fp16x2 centroids, one table load each (lane4 = 4 * lane)
+__device__ __forceinline__ void tq3_keys(const uint32_t* w, uint32_t lane4, uint32_t* out) {{
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {{
+    uint32_t x = w[k];
+{chr(10).join(lookups)}
+  }}
+  uint32_t c = ((w[0] & 0x{spare_mask:08x}u) << 1) + ((w[1] & 0x{spare_mask:08x}u) << 2) + ((w[2] & 0x{spare_mask:08x}u) << 3);
+  out[15] = table_at((c & 0x{0x7 << _ENTRY_SHIFT:x}u) | ((c >> 16) & 0x{0x38 << _ENTRY_SHIFT:x}u) | lane4);
+}}
+"""
+
+
+def _device_source(centroids: tuple[float, ...], shift_by_imad: bool) -> str:
     """CUDA helpers: triple decode (keys / values), mma.sync m16n8k16, movmatrix, half2 packing."""
-    b0, b1, b2, b3 = (_half2(x) for x in poly)
     value_consts = ", ".join(f"{{0x{_half2(2.0**-s):08x}u, 0x{_half2(-(2.0 ** (10 - s))):08x}u}}" for s in _SHIFTS)
-    key_consts = ", ".join(f"{{0x{_half2(2.0**-s):08x}u, 0x{_half2(-(2.0 ** (10 - s) + 3.5)):08x}u}}" for s in _SHIFTS)
+    key_table = _key_table_source(centroids, shift_by_imad)
     return f"""
 #include <cstdint>
 #include <cuda_fp16.h>
 namespace minima {{
 __device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {{
   uint32_t d; asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
-}}
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {{
-  uint32_t d; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
 }}
 template <int kShift>
 __device__ __forceinline__ uint32_t magic(uint32_t w) {{  // (w & (7 << s in both halves)) | 1024.0
@@ -120,22 +168,7 @@ __device__ __forceinline__ void tq3_values(const uint32_t* w, uint32_t* out) {{
 #pragma unroll
   for (int p = 0; p < 16; ++p) out[p] = hfma2(m[p], k[shift_of(p)][0], k[shift_of(p)][1]);
 }}
-// keys: centroid of c as fp16x2: y = c - 3.5, centroid = y * g(y^2)
-__device__ __forceinline__ void tq3_keys(const uint32_t* w, uint32_t* out) {{
-  const uint32_t k[3][2] = {{{key_consts}}};
-  uint32_t m[16];
-  triple_magic(w, m);
-#pragma unroll
-  for (int p = 0; p < 16; ++p) {{
-    uint32_t y = hfma2(m[p], k[shift_of(p)][0], k[shift_of(p)][1]);
-    uint32_t u = hmul2(y, y);
-    uint32_t g = hfma2(u, {b3:#x}u, {b2:#x}u);
-    g = hfma2(g, u, {b1:#x}u);
-    g = hfma2(g, u, {b0:#x}u);
-    out[p] = hmul2(g, y);
-  }}
-}}
-__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, const uint32_t* b) {{
+{key_table}__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, const uint32_t* b) {{
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -175,9 +208,10 @@ def tq3_decode_kernel(
     min_blocks: int = 1,
     warps: int = WARPS,
     stages: int = 2,
+    shift_by_imad: bool = False,
 ):
     """Partial decode over TQ3 pages; the key codebook (``centroids``, ascending, fp16-rounded) is
-    baked in as polynomial coefficients.
+    baked in and becomes the CTA's key table.
 
     Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
     queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words and as fp16
@@ -199,7 +233,7 @@ def tq3_decode_kernel(
     k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
     kn_base, vs_base, vz_base = layout.k_norm_offset // 2, layout.v_scale_offset // 2, layout.v_zero_offset // 2
     scale = sm_scale * LOG2E
-    source = _device_source(key_poly(centroids))
+    source = _device_source(centroids, shift_by_imad)
     if stages < 2:
         raise ValueError(f"stages={stages}: the chunk ring needs at least 2 slots")
     copy_codes = f"minima::cp_async<{4 * vec}>"  # one piece of a lane stream: 4, 8, 16 bytes
@@ -241,7 +275,7 @@ def tq3_decode_kernel(
             # the chunk being computed (cur) and the next one in flight (nxt): codes and metadata
             k_cur = T.alloc_local([lane_words], T.uint32)
             v_cur = T.alloc_local([lane_words], T.uint32)
-            meta_cur = T.alloc_local([6], T.float32)  # k_norm, v_scale, v_zero of tokens r, r + 8
+            meta_cur = T.alloc_local([6], T.float32)  # k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
             ring = T.alloc_shared([warps * stages, 2, LANES * lane_words], T.uint32)  # K, V code streams
             meta_ring = T.alloc_shared([warps * stages, 3 * CHUNK_TOKENS], T.float16)
             page_next = T.alloc_local([1], T.int32)
@@ -253,14 +287,19 @@ def tq3_decode_kernel(
             o_s = T.alloc_shared([warps, G, D], T.float32)
             stat_s = T.alloc_shared([3, warps, G], T.float32)  # m, l, z per warp and head
 
+            # the split's page range and this warp's chunk count, computed once into registers (as
+            # plain expressions TVM would inline them into the main loop, division included)
+            split = T.alloc_local([3], T.int32)  # first page id index, chunks, chunks of this warp
             first = page_indptr[bid]
             n_pages = page_indptr[bid + 1] - first
             per_split = T.ceildiv(n_pages, num_splits)
             p_lo = T.min(sid * per_split, n_pages)
             p_hi = T.min(p_lo + per_split, n_pages)
-            n_chunks = (p_hi - p_lo) * chunks_per_page
+            split[0] = first + p_lo
+            split[1] = (p_hi - p_lo) * chunks_per_page
             # this warp's chunks: warp, warp + warps, ...
-            n_mine = T.max(n_chunks - warp + warps - 1, 0) // warps
+            split[2] = T.max(split[1] - warp + warps - 1, 0) // warps
+            page0, n_chunks, n_mine = split[0], split[1], split[2]
 
             for kb in T.unroll(blocks):
                 for nb in T.unroll(NB):
@@ -277,30 +316,31 @@ def tq3_decode_kernel(
                 m_i[i] = neg_inf
                 l_i[i] = 0
                 z_i[i] = 0
+            T.call_extern("handle", "minima::fill_key_table", warp, warps, lane)
+            T.sync_threads()
 
             # Each warp streams its chunks through a ring of `stages` slots in shared memory with
             # cp.async: chunk it + stages - 1 is requested while chunk it computes, so stages - 1
-            # chunks per warp are in flight without holding registers. A lane copies and later reads
-            # its own code words; the 96 bytes of norms / scales / zeros are copied by 24 lanes and
-            # read by all, hence the __syncwarp after the wait.
-            page_next[0] = T.if_then_else(n_mine > 0, page_ids[first + p_lo + T.min(warp, n_chunks - 1) // chunks_per_page], 0)
+            # chunks per warp are in flight without holding registers. The warp copies a chunk's code
+            # words in adjacent pieces (coalesced: copying each lane's own stream instead wasted half
+            # of every 32-byte sector per instruction) and each lane reads back its own stream; the 96
+            # bytes of norms / scales / zeros are copied by 24 lanes. Lanes read what other lanes
+            # copied, hence the __syncwarp after the wait.
+            page_next[0] = T.if_then_else(n_mine > 0, page_ids[page0 + T.min(warp, n_chunks - 1) // chunks_per_page], 0)
             for it in T.serial(n_mine + stages - 1):
                 if it < n_mine:
                     page = page_next[0]
                     c = warp + it * warps
                     if it + 1 < n_mine:
-                        page_next[0] = page_ids[first + p_lo + (c + warps) // chunks_per_page]
+                        page_next[0] = page_ids[page0 + (c + warps) // chunks_per_page]
                     sub = c % chunks_per_page
                     slot = (warp * stages + it % stages)
-                    kw = k_base + hk * head_words + sub * chunk_words + lane * lane_words
-                    vw = v_base + hk * head_words + sub * chunk_words + lane * lane_words
-                    for j in T.unroll(TRIPLE_WORDS):
-                        T.call_extern(
-                            "handle", copy_codes, T.address_of(ring[slot, 0, lane * lane_words + j * vec]), T.address_of(pool_words[page, kw + j * vec])
-                        )
-                        T.call_extern(
-                            "handle", copy_codes, T.address_of(ring[slot, 1, lane * lane_words + j * vec]), T.address_of(pool_words[page, vw + j * vec])
-                        )
+                    kw = k_base + hk * head_words + sub * chunk_words
+                    vw = v_base + hk * head_words + sub * chunk_words
+                    for j in T.unroll(TRIPLE_WORDS):  # piece lane + 32 j: a warp copies 32 adjacent pieces
+                        piece = (lane + LANES * j) * vec
+                        T.call_extern("handle", copy_codes, T.address_of(ring[slot, 0, piece]), T.address_of(pool_words[page, kw + piece]))
+                        T.call_extern("handle", copy_codes, T.address_of(ring[slot, 1, piece]), T.address_of(pool_words[page, vw + piece]))
                     if lane < 24:  # field lane // 8 (k_norm, v_scale, v_zero), halves 2(lane % 8) and +1
                         field_base = T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
                         T.call_extern(
@@ -322,13 +362,16 @@ def tq3_decode_kernel(
                     for j in T.unroll(2):
                         for f in T.unroll(3):
                             meta_cur[2 * f + j] = T.Cast(T.float32, meta_ring[slot, f * CHUNK_TOKENS + r + 8 * j])
+                        meta_cur[j] *= scale  # k_norm * sm_scale * log2 e: one factor per score
                     T.call_extern("handle", "__syncwarp")  # the slot is refilled next iteration
                 if it >= stages - 1:
                     # scores^T = K . q'^T, triple by triple (4 k-blocks of 16 dims each)
                     for i in T.unroll(4 * NB * 4):
                         acc_k[i] = 0
                     for tr in T.unroll(triples):
-                        T.call_extern("handle", "minima::tq3_keys", T.address_of(k_cur[tr * 3]), T.address_of(ops[0]))
+                        T.call_extern(
+                            "handle", "minima::tq3_keys", T.address_of(k_cur[tr * 3]), lane * 4, T.address_of(ops[0])
+                        )
                         for kk in T.unroll(4):
                             for nb in T.unroll(NB):
                                 T.call_extern(
@@ -344,8 +387,8 @@ def tq3_decode_kernel(
                     rescale[0] = 0
                     for nb in T.unroll(NB):
                         for j in T.unroll(2):
-                            s_lo = acc_s[nb * 4 + j] * meta_cur[0] * scale
-                            s_hi = acc_s[nb * 4 + 2 + j] * meta_cur[1] * scale
+                            s_lo = acc_s[nb * 4 + j] * meta_cur[0]
+                            s_hi = acc_s[nb * 4 + 2 + j] * meta_cur[1]
                             acc_s[nb * 4 + j] = s_lo
                             acc_s[nb * 4 + 2 + j] = s_hi
                             c1 = T.max(s_lo, s_hi)
@@ -472,13 +515,13 @@ def tq3_merge_splits(num_heads: int, head_dim: int):
 
 def tile_config(group_size: int, page_size: int, head_dim: int = 128) -> dict[str, int]:
     """Build options for a (GQA group, page size, head dim): warps per CTA and resident CTAs per SM,
-    as measured best on the H200 (docs/results/kernels.md). The kernel streams codes through
-    registers, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2 CTAs at
-    ~128 registers; 4 x 4 at head dim 64, where 8-warp CTAs were slower), 8 at head dim 256 (twice
-    the accumulators, ~210 registers)."""
+    as measured best on the H200 (docs/results/kernels.md). The main loop is latency-bound, so warps
+    in flight per SM is what matters: 16 for head dims up to 128 (8 x 2 CTAs at ~128 registers; 4 x 4
+    at head dim 64, where 8-warp CTAs were slower), 12 at head dim 256 (twice the accumulators: 168
+    registers, no spills; 16 warps spill)."""
     del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
     if head_dim >= 256:
-        return {"warps": 8, "min_blocks": 1}
+        return {"warps": 12, "min_blocks": 1}
     if head_dim >= 128:
         return {"warps": 8, "min_blocks": 2}
     return {"warps": 4, "min_blocks": 4}

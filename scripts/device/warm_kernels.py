@@ -64,7 +64,7 @@ def variant_jobs():
 
     for hq, h, d, _ in BENCH_GEOMETRIES:
         for name in TQ3_VARIANTS:
-            if name == LIBRARY_BUILD:
+            if name == LIBRARY_BUILD and "--variants-only" not in sys.argv:
                 continue  # made by tilelang_jobs
             yield (
                 f"tq3 variant {name} {hq}/{h}/{d}",
@@ -100,7 +100,10 @@ def flashinfer_jobs():
 
 def main() -> int:
     t0 = time.time()
-    jobs = list(variant_jobs()) + list(tilelang_jobs("--decode-only" in sys.argv)) + list(flashinfer_jobs())
+    if "--variants-only" in sys.argv:  # for bench_decode.py --variants-only
+        jobs = list(variant_jobs())
+    else:
+        jobs = list(variant_jobs()) + list(tilelang_jobs("--decode-only" in sys.argv)) + list(flashinfer_jobs())
     failed = 0
     with ThreadPoolExecutor(max_workers=12) as pool:
         futures = {name: pool.submit(fn) for name, fn in jobs}

@@ -1,9 +1,10 @@
 """The MMA-order code layout, read the way the decode kernel reads it.
 
 The GPU kernel (minima_kernels/tq3_decode.py) never calls unpack_codes: each lane loads its words of a
-16-token chunk and gets fp16x2 operands with ``lop3`` masks and one shift per word. These tests replay
-those bit operations on pages packed by the codec and check that every lane's operand registers hold
-the (token, dim) codes the m16n8k16 fragment layout wants, for keys and values.
+16-token chunk and gets fp16x2 operands with bit operations: values through ``lop3`` masks into fp16
+1024.0 (one shift per word), keys as byte offsets into the lane's column of a 64-entry table of
+centroid pairs. These tests replay those bit operations on pages packed by the codec and check that
+every lane's operand registers hold the (token, dim) codes the m16n8k16 fragment layout wants.
 """
 
 import numpy as np
@@ -15,8 +16,26 @@ from sglang_minima.codec.packing import pack_codes
 MAGIC = 0x6400  # fp16 1024.0: OR-ing a code at bit s of the mantissa gives 1024 + c * 2^s
 
 
-def _kernel_pairs(words: list[int]) -> list[tuple[int, int]]:
-    """(low, high) codes of the 16 pairs of a triple, through the kernel's fp16 magic-number path."""
+def _kernel_key_pairs(words: list[int], lane: int) -> list[tuple[int, int]]:
+    """(low, high) codes of the 16 key pairs of a triple, through the kernel's table offsets: entry e
+    of lane l's column sits at byte 128 e + 4 l, entry e = low | high << 3 (tq3_decode.tq3_keys)."""
+    lane4 = 4 * lane
+    offsets = []
+    for w in words:
+        offsets += [((w << 7) & 0x1F80) | lane4, (w & 0x1F80) | lane4, ((w >> 6) & 0x1F80) | lane4]
+        offsets += [((w >> 12) & 0x1F80) | lane4, ((w >> 19) & 0x1F80) | lane4]
+    c = ((words[0] & 0x02000040) << 1) + ((words[1] & 0x02000040) << 2) + ((words[2] & 0x02000040) << 3)
+    offsets.append((c & 0x380) | ((c >> 16) & 0x1C00) | lane4)
+    out = []
+    for off in offsets:
+        assert off % 128 == lane4 and off < 64 * 128  # this lane's column, a valid entry
+        entry = off // 128
+        out.append((entry & 7, entry >> 3))
+    return out
+
+
+def _kernel_value_pairs(words: list[int]) -> list[tuple[int, int]]:
+    """(low, high) codes of the 16 value pairs of a triple, through the kernel's fp16 magic-number path."""
     magic = []
     for w in words:
         shifted = w >> 9  # pairs 3 and 4 of the word move to s = 1 and 4
@@ -46,7 +65,8 @@ def test_lane_registers_hold_the_fragment_codes(kind: str, head_dim: int, page_s
             base = (chunk * LANES + lane) * per_lane
             stream = [int(w) for w in words[base : base + per_lane]]
             for triple in range(per_lane // 3):
-                got = _kernel_pairs(stream[3 * triple : 3 * triple + 3])
+                triple_words = stream[3 * triple : 3 * triple + 3]
+                got = _kernel_key_pairs(triple_words, lane) if kind == KEY else _kernel_value_pairs(triple_words)
                 for q, (lo, hi) in enumerate(got):
                     (t0, d0), (t1, d1) = pair_coords(kind, lane, 16 * triple + q)
                     tok = chunk * CHUNK_TOKENS

@@ -16,23 +16,29 @@ from sglang_minima.codec.layout import (
     code_bit_index,
     lane_word,
     pair_coords,
+    triple_codes,
 )
 from sglang_minima.codec.packing import pack_codes, unpack_codes
 
 KINDS = [KEY, VALUE]
 
 
-def _rule_bits(chunk: int, lane: int, pair: int, half: int, head_dim: int) -> list[int]:
+def _rule_bits(kind: str, chunk: int, lane: int, pair: int, half: int, head_dim: int) -> list[int]:
     """Bits 0..2 of the low (half 0) or high (half 1) code of a lane's pair, straight from the prose
     of layout.py / docs/TQ3P.md: lane streams of 3D/64 words, triples of 3 words holding 16 pairs,
-    pair q < 15 at bit 1 + 3(q % 5) of word q // 5 (+16 for the high code), pair 15 spread over bit
-    0 (16) of words 0, 1, 2."""
+    pair q < 15 in word q // 5, pair 15 spread over words 0, 1, 2. Values: slot i = q % 5 at bit
+    1 + 3i (+16 for the high code), pair 15 at bits 0 / 16. Keys: slot i a 6-bit field at bit 0, 7,
+    13, 19, 26 (+3 for the high code), pair 15 at bits 6 / 25."""
     lane_words = 3 * head_dim // 64
     triple, q = divmod(pair, 16)
     base = (chunk * LANES + lane) * lane_words + 3 * triple
+    if kind == KEY:
+        low, high, spare = (0, 7, 13, 19, 26)[q % 5] if q < 15 else None, 3, (6, 25)
+    else:
+        low, high, spare = 1 + 3 * (q % 5), 16, (0, 16)
     if q < 15:
-        return [(base + q // 5) * 32 + 1 + 3 * (q % 5) + 16 * half + b for b in range(3)]
-    return [(base + b) * 32 + 16 * half for b in range(3)]
+        return [(base + q // 5) * 32 + low + high * half + b for b in range(3)]
+    return [(base + b) * 32 + spare[half] for b in range(3)]
 
 
 def _bits_set(packed: torch.Tensor) -> list[int]:
@@ -82,7 +88,7 @@ def test_pair_coords_agree_with_code_bit_index(kind, head_dim):
         for lane in range(LANES):
             for pair in range(head_dim // 4):
                 for half, (t, d) in enumerate(pair_coords(kind, lane, pair)):
-                    want = _rule_bits(chunk, lane, pair, half, head_dim)
+                    want = _rule_bits(kind, chunk, lane, pair, half, head_dim)
                     got = [code_bit_index(kind, chunk * CHUNK_TOKENS + t, d, b, head_dim) for b in range(3)]
                     assert got == want, (kind, chunk, lane, pair, half)
                     seen.add((chunk * CHUNK_TOKENS + t, d))
@@ -100,15 +106,17 @@ def _one_code(kind: str, page_size: int, head_dim: int, token: int, dim: int, co
 @pytest.mark.parametrize(
     "kind, page_size, head_dim, token, dim, byte, value",
     [
-        # keys: lane 4r+t holds token r (+8), dims 2t, 2t+1 (+8) of each 16-wide block
-        (KEY, 16, 64, 0, 0, 0, 0b101 << 1),  # lane 0, pair 0, low code: word 0 bits 1..3
-        (KEY, 16, 64, 0, 1, 2, 0b101 << 1),  # ... its high code: bits 17..19, byte 2
-        (KEY, 16, 64, 9, 2, 60, 0b101 << 4),  # token 9 = r 1 + 8: lane 5, register 1 -> pair 1, word 15 bits 4..6
-        (KEY, 16, 64, 0, 8, 0, 0b101 << 7),  # dim 8: register 2 -> pair 2, bits 7..9 (byte 0 bit 7 ...)
-        (KEY, 16, 64, 0, 16, 1, 0b101 << 5),  # block 1 -> pair 4: bits 13..15 (byte 1 bits 5..7)
-        (KEY, 16, 64, 0, 20, 25, 0b101 << 5),  # dim 20 = 16 + 2*2: lane 2, pair 4: word 6 bits 13..15
-        (KEY, 32, 64, 17, 0, 432, 0b101 << 1),  # chunk 1, lane 4: word (32 + 4) * 3 = 108
-        (KEY, 16, 128, 0, 64, 12, 0b101 << 1),  # block 4 -> pair 16: second triple, word 3
+        # keys: lane 4r+t holds token r (+8), dims 2t, 2t+1 (+8) of each 16-wide block; a pair is
+        # one 6-bit field, low code first
+        (KEY, 16, 64, 0, 0, 0, 0b101),  # lane 0, pair 0, low code: word 0 bits 0..2
+        (KEY, 16, 64, 0, 1, 0, 0b101 << 3),  # ... its high code: bits 3..5
+        (KEY, 16, 64, 9, 2, 60, 0b101 << 7),  # token 9 = r 1 + 8: lane 5, register 1 -> pair 1, word 15 bits 7..9
+        (KEY, 16, 64, 0, 8, 1, 0b101 << 5),  # dim 8: register 2 -> pair 2, bits 13..15 (byte 1 bits 5..7)
+        (KEY, 16, 64, 0, 16, 3, 0b101 << 2),  # block 1 -> pair 4: bits 26..28 (byte 3 bits 2..4)
+        (KEY, 16, 64, 0, 17, 3, 0b101 << 5),  # ... its high code: bits 29..31
+        (KEY, 16, 64, 0, 20, 27, 0b101 << 2),  # dim 20 = 16 + 2*2: lane 2, pair 4: word 6 bits 26..28
+        (KEY, 32, 64, 17, 0, 432, 0b101),  # chunk 1, lane 4: word (32 + 4) * 3 = 108
+        (KEY, 16, 128, 0, 64, 12, 0b101),  # block 4 -> pair 16: second triple, word 3
         # values: lane 4r+t holds dim r (+8) of each block, tokens 2t, 2t+1 (+8)
         (VALUE, 16, 64, 0, 0, 0, 0b101 << 1),  # lane 0, pair 0, low code
         (VALUE, 16, 64, 1, 0, 2, 0b101 << 1),  # the next token is the high code
@@ -127,25 +135,27 @@ def test_single_code_lands_on_the_documented_bits(kind, page_size, head_dim, tok
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pair_15_is_spread_over_the_spare_bits(kind):
-    # pair 15 of lane 0 (block 3, register 3): bit b of its low code at bit 0 of word b, of its high
-    # code at bit 16 of word b; words 0..2 of lane 0 are bytes 0..11
+    # pair 15 of lane 0 (block 3, register 3): bit b of its low / high code is one spare bit of word
+    # b (values: bits 0 / 16, keys: bits 6 / 25); words 0..2 of lane 0 are bytes 0..11
     (t0, d0), (t1, d1) = pair_coords(kind, 0, 15)
     assert ((t0, d0), (t1, d1)) == (((8, 56), (8, 57)) if kind == KEY else ((8, 56), (9, 56)))
-    lo = _one_code(kind, 16, 64, t0, d0)  # 0b101: bits 0 and 2
-    assert [i for i, x in enumerate(lo) if x] == [0, 8] and lo[0] == lo[8] == 0x01
-    hi = _one_code(kind, 16, 64, t1, d1, code=0b010)  # bit 1 only: word 1, bit 16 -> byte 6
-    assert [i for i, x in enumerate(hi) if x] == [6] and hi[6] == 0x01
-    assert _bits_set(torch.tensor(_one_code(kind, 16, 64, t1, d1, code=0b111), dtype=torch.uint8)) == [16, 48, 80]
+    low_bit, high_bit = (6, 25) if kind == KEY else (0, 16)
+    lo = _one_code(kind, 16, 64, t0, d0)  # 0b101: bits 0 and 2 -> words 0 and 2
+    assert _bits_set(torch.tensor(lo, dtype=torch.uint8)) == [low_bit, 64 + low_bit]
+    hi = _one_code(kind, 16, 64, t1, d1, code=0b010)  # bit 1 only: word 1
+    assert _bits_set(torch.tensor(hi, dtype=torch.uint8)) == [32 + high_bit]
+    all_bits = _bits_set(torch.tensor(_one_code(kind, 16, 64, t1, d1, code=0b111), dtype=torch.uint8))
+    assert all_bits == [high_bit, 32 + high_bit, 64 + high_bit]
 
 
 def test_worked_example_of_the_doc():
     # docs/TQ3P.md: lane 5 of chunk 0 is words 15..17 (bytes 60..71) for D = 64; pair 15 of lane 5 is
-    # keys (9, 58) / (9, 59): code 0b101 at (9, 58) sets bit 0 of words 15 and 17
+    # keys (9, 58) / (9, 59): code 0b101 at (9, 58) sets bit 6 of words 15 and 17
     assert pair_coords(KEY, 5, 15) == ((9, 58), (9, 59))
     packed = _one_code(KEY, 16, 64, 9, 58)
-    assert [(i, x) for i, x in enumerate(packed) if x] == [(60, 0x01), (68, 0x01)]
-    packed = _one_code(KEY, 16, 64, 9, 2)
-    assert [(i, x) for i, x in enumerate(packed) if x] == [(60, 0x50)]
+    assert [(i, x) for i, x in enumerate(packed) if x] == [(60, 0x40), (68, 0x40)]
+    packed = _one_code(KEY, 16, 64, 9, 2)  # pair 1: bits 7..9 of word 15
+    assert [(i, x) for i, x in enumerate(packed) if x] == [(60, 0x80), (61, 0x02)]
     assert [pair_coords(VALUE, 5, p) for p in (0, 4, 15)] == [((2, 1), (3, 1)), ((2, 17), (3, 17)), ((10, 57), (11, 57))]
 
 
@@ -164,7 +174,7 @@ def test_random_single_codes_follow_the_rule(kind, head_dim, page_size):
             for half, coord in enumerate(pair_coords(kind, lane, pair))
             if coord == (tc, dim)
         )
-        bits = _rule_bits(chunk, lane, pair, half, head_dim)
+        bits = _rule_bits(kind, chunk, lane, pair, half, head_dim)
         packed = torch.tensor(_one_code(kind, page_size, head_dim, token, dim), dtype=torch.uint8)
         assert _bits_set(packed) == [bits[0], bits[2]]  # 0b101
 
@@ -192,8 +202,52 @@ def test_lane_word_builds_the_packed_words(kind, head_dim):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_triple_codes_unpacks_the_packed_words(kind, head_dim):
+    # layout.triple_codes is how the TQ3 -> FP8 kernel unpacks: one thread per (chunk, lane, triple)
+    # reads words (chunk * 32 + lane) * lane_words + 3 * triple + 0..2 of the head's block (the page
+    # viewed as int32) and stores the 32 codes at pair_coords. Replayed with chunk, lane and triple as
+    # tensors and the words signed, it gives back every code.
+    page_size = 32
+    layout = TQ3PageLayout(1, page_size, head_dim)
+    codes = torch.randint(0, 8, (page_size, head_dim), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    words = pack_codes(codes, kind).view(torch.int32).to(torch.int64)
+    chunk = torch.arange(page_size // CHUNK_TOKENS).view(-1, 1, 1)
+    lane = torch.arange(LANES).view(1, -1, 1)
+    triple = torch.arange(layout.lane_words // 3).view(1, 1, -1)
+    word0 = (chunk * LANES + lane) * layout.lane_words + 3 * triple
+    got = torch.full((page_size, head_dim), 8, dtype=torch.int64)  # 8: no code
+    for q, pair in enumerate(triple_codes(kind, [words[word0 + j] for j in range(3)])):
+        for (t, d), code in zip(pair_coords(kind, lane, 16 * triple + q), pair):
+            # the words the thread reads are those code_bit_index puts this code in
+            index = code_bit_index(kind, chunk * CHUNK_TOKENS + t, d, 0, head_dim, where=torch.where)
+            assert torch.equal(index // 32, word0 + (0 if q == 15 else q // 5)), (q, t, d)
+            got[chunk * CHUNK_TOKENS + t, d] = code
+    assert torch.equal(got, codes.to(torch.int64))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_triple_codes_is_the_inverse_of_lane_word(kind):
+    # plain ints: the words of one triple (lane 5, triple 1, D = 128), unsigned or signed, give back
+    # the codes lane_word packed into them ...
+    codes = torch.randint(0, 8, (16, 128), generator=torch.Generator().manual_seed(6), dtype=torch.uint8)
+    words = [lane_word(kind, 5, 1, j, lambda t, d: int(codes[t, d])) for j in range(3)]
+    want = [tuple(int(codes[t, d]) for t, d in pair_coords(kind, 5, 16 + q)) for q in range(16)]
+    assert triple_codes(kind, words) == want
+    assert triple_codes(kind, [w - (1 << 32) if w >> 31 else w for w in words]) == want
+    # ... and lane_word packs any 96 bits back from the codes triple_codes reads out of them
+    g = torch.Generator().manual_seed(7)
+    for _ in range(20):
+        words = [int(w) for w in torch.randint(0, 1 << 32, (3,), generator=g, dtype=torch.int64)]
+        code = {}
+        for q, pair in enumerate(triple_codes(kind, words)):
+            code.update(zip(pair_coords(kind, 5, 16 + q), pair))
+        assert [lane_word(kind, 5, 1, j, lambda t, d, code=code: code[t, d]) for j in range(3)] == words
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_byte_reads_of_code_bit_index_unpack(kind):
-    # what the TQ3 -> FP8 kernel does per (token, dim): 3 byte loads at code_bit_index // 8, bit % 8
+    # code_bit_index read bit by bit: 3 byte loads per (token, dim) at index // 8, bit index % 8
     page_size, head_dim = 32, 128
     codes = torch.randint(0, 8, (page_size, head_dim), generator=torch.Generator().manual_seed(4), dtype=torch.uint8)
     packed = pack_codes(codes, kind).to(torch.int64)

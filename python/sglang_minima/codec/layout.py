@@ -1,8 +1,8 @@
 """TQ3P: the packed byte layout of one Stale (TQ3) page, defined once.
 
 The torch codec, the TileLang kernels and the byte accounting all import these constants,
-``TQ3PageLayout``, ``pair_coords``, ``code_bit_index`` and ``lane_word``; docs/TQ3P.md describes the
-same layout in prose.
+``TQ3PageLayout``, ``WORD_BITS``, ``pair_coords``, ``code_bit_index``, ``lane_word`` and ``triple_codes``;
+docs/TQ3P.md describes the same layout in prose.
 
 One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one contiguous uint8 block:
 
@@ -26,9 +26,12 @@ fp16 operands with a few bit operations, without a decoded tile in shared memory
   token r + 8(g&1), dims 16kb + 2t + 8(g>>1) and the next one. Values (out^T = V^T . p^T: rows are
   dims, k is tokens): dim 16kb + r + 8(g&1), tokens 2t + 8(g>>1) and the next one;
 * a lane stream is a sequence of 96-bit triples (three little-endian uint32 words) of 16 pairs. Pair
-  q < 15 sits in word q // 5, its low code at bits 1+3(q%5) .. 3+3(q%5) and its high code 16 bits
-  above: ``(w >> s) & 0x00070007`` gives both halves of an fp16x2 at once. Pair 15 is spread over the
-  spare bits: bit b of its low (high) code is bit 0 (16) of word b.
+  q < 15 sits in word q // 5, slot i = q % 5, pair 15 in the spare bits (bit b of its codes in word
+  b). Keys and values place their slots differently, each for its decode (``WORD_BITS``).
+  Values: low code at bits 1+3i .. 3+3i, high code 16 above, so ``(w >> s) & 0x00070007`` gives
+  both halves of an fp16x2 at once (spare bits 0 / 16). Keys: the pair is one 6-bit field (low
+  code, then high code) at bits 0, 7, 13, 19, 26 (spare bits 6 / 25), the index into a 64-entry
+  table of fp16x2 centroid pairs.
 
 LSE convention for every Minima attention op (torch and GPU): base 2, as FlashInfer returns it.
 """
@@ -44,10 +47,7 @@ LANES = 32  # lane streams per chunk (one warp)
 PAIRS_PER_TRIPLE = 16  # code pairs (fp16x2 operands) per 96-bit triple
 TRIPLE_WORDS = 3
 PAIRS_PER_WORD = 5  # pairs 0..14 of a triple, 5 per word; pair 15 lives in the spare bits
-PAIR_BIT_STRIDE = 3
-PAIR_BIT_BASE = 1  # low code of pair q at bit 1 + 3(q % 5): never bit 0, see docs/TQ3P.md
 HEAD_DIM_MULTIPLE = 64  # D/4 pairs per lane must fill whole triples
-HIGH_CODE_SHIFT = 16  # a pair's high code sits 16 bits above its low code (the upper fp16 of fp16x2)
 KEY, VALUE = "k", "v"
 META_DTYPE_BYTES = 2  # fp16 norm / scale / zero
 K_META_FIELDS = 1  # k_norm
@@ -56,6 +56,25 @@ FP8_BYTES = 1  # e4m3
 PAGE_ALIGN = 16  # page blocks start on 16-byte boundaries (vectorized loads)
 
 LSE_BASE = 2.0
+
+
+@dataclass(frozen=True)
+class WordBits:
+    """Where the codes of one triple word sit, for one kind (docs/TQ3P.md, "Triples")."""
+
+    low: tuple[int, ...]  # bit of the low code of slot i (pair 5k + i of word k), i = 0..4
+    high_offset: int  # the slot's high code sits this many bits above its low code
+    spare: tuple[int, int]  # pair 15: bit b of its low / high code is this bit of word b
+
+
+WORD_BITS = {
+    # values: (w >> s) & 0x00070007 puts both codes of slots 0, 1, 2 (s = 1, 4, 7) and, after one
+    # w >> 9, of slots 3, 4 into the mantissas of an fp16x2 (the decode's magic-number trick)
+    VALUE: WordBits(low=(1, 4, 7, 10, 13), high_offset=16, spare=(0, 16)),
+    # keys: a slot is a 6-bit table index; slot 1 already sits where the table's byte offset wants it
+    # (bits 7..12: one lop3 gives the offset), the others are one shift away from it
+    KEY: WordBits(low=(0, 7, 13, 19, 26), high_offset=3, spare=(6, 25)),
+}
 
 
 @dataclass(frozen=True)
@@ -187,23 +206,50 @@ def code_bit_index(kind: str, token, dim, bit, head_dim: int, where=None):
     word0 = (chunk * LANES + 4 * r + t) * lane_words(head_dim) + TRIPLE_WORDS * triple
     spread = q == PAIRS_PER_TRIPLE - 1
     word = word0 + where(spread, bit, q // PAIRS_PER_WORD)
-    high = HIGH_CODE_SHIFT * half
-    pos = where(spread, high, PAIR_BIT_BASE + PAIR_BIT_STRIDE * (q % PAIRS_PER_WORD) + high + bit)
+    bits = WORD_BITS[kind]
+    slot = q % PAIRS_PER_WORD
+    low = bits.low[-1]
+    for i in range(PAIRS_PER_WORD - 2, -1, -1):  # bits.low[slot] as a chain of where()
+        low = where(slot == i, bits.low[i], low)
+    spare = bits.spare[0] + (bits.spare[1] - bits.spare[0]) * half
+    pos = where(spread, spare, low + bits.high_offset * half + bit)
     return word * 32 + pos
 
 
 def lane_word(kind: str, lane, triple, word: int, code):
     """uint32 word ``word`` (0..2) of triple ``triple`` of lane ``lane``'s stream of one chunk, built
-    as the OR of the codes it holds: pairs 5*word .. 5*word+4 of the triple whole (low code at bit
-    1 + 3i, high code 16 above), and bit ``word`` of both codes of pair 15 at bits 0 and 16.
-    ``code(token, dim)`` gives the code of a token of the chunk as an unsigned integer. Integer
-    operators only, so ``lane``, ``triple`` and the codes may be ints, tensors or TileLang
-    expressions (the FP8 -> TQ3 kernel packs with it); the inverse of ``code_bit_index``."""
+    as the OR of the codes it holds: pairs 5*word .. 5*word+4 of the triple whole, and bit ``word`` of
+    both codes of pair 15, where ``WORD_BITS[kind]`` puts them. ``code(token, dim)`` gives the code of
+    a token of the chunk as an unsigned integer. Integer operators only, so ``lane``, ``triple`` and
+    the codes may be ints, tensors or TileLang expressions (the FP8 -> TQ3 kernel packs with it); the
+    inverse of ``code_bit_index``."""
+    bits = WORD_BITS[kind]
     first = PAIRS_PER_TRIPLE * triple
     (t0, d0), (t1, d1) = pair_coords(kind, lane, first + PAIRS_PER_TRIPLE - 1)
-    value = ((code(t0, d0) >> word) & 1) | (((code(t1, d1) >> word) & 1) << HIGH_CODE_SHIFT)
+    value = (((code(t0, d0) >> word) & 1) << bits.spare[0]) | (((code(t1, d1) >> word) & 1) << bits.spare[1])
     for i in range(PAIRS_PER_WORD):
         (t0, d0), (t1, d1) = pair_coords(kind, lane, first + PAIRS_PER_WORD * word + i)
-        shift = PAIR_BIT_BASE + PAIR_BIT_STRIDE * i
-        value = value | (code(t0, d0) << shift) | (code(t1, d1) << (shift + HIGH_CODE_SHIFT))
+        value = value | (code(t0, d0) << bits.low[i]) | (code(t1, d1) << (bits.low[i] + bits.high_offset))
     return value
+
+
+def triple_codes(kind: str, words):
+    """The 16 (low code, high code) of one triple, in pair order, from its three uint32 words
+    ``words[0..2]``: the inverse of ``lane_word`` (pair ``q`` is pair ``16*triple + q`` of the lane,
+    ``pair_coords`` places it). Integer operators only, so the words may be ints, tensors or TileLang
+    expressions (the TQ3 -> FP8 kernel unpacks with it); every field is masked, so signed int32 words
+    give the same codes."""
+    bits = WORD_BITS[kind]
+    mask = NUM_CODES - 1
+    pairs = [
+        ((words[k] >> low) & mask, (words[k] >> (low + bits.high_offset)) & mask)
+        for k in range(TRIPLE_WORDS)
+        for low in bits.low
+    ]
+    spare = []
+    for s in bits.spare:  # pair 15: bit b of its low / high code is bit s of word b
+        code = (words[0] >> s) & 1
+        for b in range(1, TQ3_BITS):
+            code = code | (((words[b] >> s) & 1) << b)
+        spare.append(code)
+    return pairs + [tuple(spare)]
