@@ -316,6 +316,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--skip-conversion", action="store_true", help="leave out the conversion throughput")
     ap.add_argument("--variants-only", action="store_true", help="only the TQ3 kernel build variants")
+    ap.add_argument(
+        "--config", action="append", default=[], metavar="GEOM:BATCH:CTX", help="only these decode shapes (repeatable)"
+    )
     args = ap.parse_args()
     dev = "cuda"
     t0 = time.time()
@@ -336,12 +339,16 @@ def main() -> None:
     if not (args.skip_conversion or args.variants_only):
         result["conversion"] = conversion_throughput(dev)
         save()
-    result["tq3_variants"] = tq3_variants(dev)
-    save()
-    print_variants(result)
+    if not args.config:
+        result["tq3_variants"] = tq3_variants(dev)
+        save()
+        print_variants(result)
     if args.variants_only:
         return
     configs = [(g, b, c) for c in CONTEXTS for b in BATCHES for g in GEOMETRIES]
+    if args.config:
+        wanted = [(g, int(b), int(c)) for g, b, c in (x.split(":") for x in args.config)]
+        configs = [x for x in configs if x in wanted]
     for geom, batch, ctx in configs:
         if time.time() - t0 > args.budget_s:
             result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})
@@ -354,7 +361,7 @@ def main() -> None:
             )
         torch.cuda.empty_cache()
         save()
-    if time.time() - t0 < args.budget_s:
+    if time.time() - t0 < args.budget_s and not args.config:
         result["token_granular_fp8"] = token_granular_fp8(workspace, dev)
     save()
     print_table(result)
