@@ -1,12 +1,12 @@
 """TQ3 paged split-KV decode attention in TileLang, and the split combine.
 
-One CTA = (split, kv head, request), 4 warps (``warps``). The CTA's share of the request's TQ3 pages (CSR:
-``page_indptr`` / ``page_ids``) is cut into 16-token chunks (one MMA tile) and the warps take the
-chunks round-robin, each with its own online-softmax state, so the main loop has no CTA barrier.
-Pages store their codes in MMA order (codec/layout.py): each lane copies its own code words of a
-chunk (three coalesced pieces per format) with cp.async into its warp's ring of ``stages`` slots,
-reads them back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core operands:
-values with bit operations, keys with one table load each. No decoded tile in shared memory.
+One CTA = (split, kv head, request), ``warps`` warps (``tile_config``). The CTA's share of the
+request's TQ3 pages (CSR: ``page_indptr`` / ``page_ids``) is cut into 16-token chunks (one MMA tile)
+and the warps take the chunks round-robin, each with its own online-softmax state, so the main loop
+has no CTA barrier. Pages store their codes in MMA order (codec/layout.py): a warp copies a chunk's
+code words with cp.async (adjacent pieces, coalesced) into its ring of ``stages`` slots, each lane
+reads its own stream back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core
+operands: values with bit operations, keys with one table load each. No decoded tile in shared memory.
 
 Both GEMMs put the query heads of the GQA group on the MMA's N = 8 side (swap AB), so a group of up
 to 8 heads costs one n8 tile instead of a padded m16 one, and each decoded tile serves the group:
