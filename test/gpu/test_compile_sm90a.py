@@ -63,3 +63,34 @@ def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int
         assert "__fmaf" not in src and "fmaf(" not in src
     # the value min and max get + 0.0 (-0.0 -> +0.0) as an add TVM's simplifier cannot drop
     assert fwd.count("__fadd_rn(") == 2
+
+
+@pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
+def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
+    # scripts/kernel_sass.py on the library build: no register spills, and one 16-token chunk per
+    # iteration costs 2 * D/16 MMAs (keys and values, one n8 tile of heads) and D/4 key-table loads
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "kernel_sass.py"
+    spec = importlib.util.spec_from_file_location("kernel_sass", script)
+    kernel_sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_sass)
+    if shutil.which("cuobjdump") is None and not _wheel_has("cuobjdump"):
+        pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path)
+    usage = kernel_sass.cuobjdump(cubin, "-res-usage")
+    assert "STACK:0" in usage and "LOCAL:0" in usage, usage
+    loop = [kernel_sass.opcode(t) for t in kernel_sass.main_loop(kernel_sass.cuobjdump(cubin, "-sass"))]
+    assert loop.count("HMMA") == 2 * d // 16
+    assert loop.count("LDS") >= d // 4  # the key table, one load per code pair, plus the ring reads
+
+
+def _wheel_has(tool: str) -> bool:
+    try:
+        import nvidia
+    except ImportError:
+        return False
+    from pathlib import Path
+
+    return any(any(Path(base).glob(f"cu*/bin/{tool}")) for base in nvidia.__path__)

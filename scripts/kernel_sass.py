@@ -1,0 +1,112 @@
+"""SASS of the TQ3 decode kernel without a GPU: registers, spills and the main loop's instruction mix.
+
+TileLang lowers the kernel for sm_90a here, nvcc compiles its CUDA source to a cubin and cuobjdump
+disassembles it, so a change to the decode can be weighed in instructions per 16-token chunk before
+any device time is spent (docs/results/kernels.md quotes these counts).
+
+    python scripts/kernel_sass.py 24/4/256 [--page 64] [--set warps=12 --set shift_by_imad=1] [--sass out.sass]
+
+Needs tilelang (the gpu extra), nvcc, and cuobjdump with nvdisasm (on PATH, or
+``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``).
+"""
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "kernels"), str(ROOT / "python")]
+
+import tilelang
+from minima_kernels import tile_config, tq3_decode_kernel
+from minima_kernels.decode import key_centroids_fp16
+
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def cuda_tool(name: str) -> str:
+    """``name`` from PATH or from NVIDIA's pip wheels (nvidia/cu*/bin)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            for candidate in Path(base).glob(f"cu*/bin/{name}"):
+                return str(candidate)
+    except ImportError:
+        pass
+    raise SystemExit(f"{name} not found: put it on PATH or `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`")
+
+
+def cuobjdump(cubin: Path, flag: str) -> str:
+    env = {**os.environ, "NVDISASM_PATH": str(Path(cuda_tool("nvdisasm")).parent)}
+    done = subprocess.run([cuda_tool("cuobjdump"), flag, cubin], capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"cuobjdump {flag} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def build_cubin(heads: str, page: int, options: dict, workdir: Path) -> Path:
+    hq, h, d = (int(x) for x in heads.split("/"))
+    build = {**tile_config(hq // h, page, d), **options}
+    tir = tq3_decode_kernel.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), **build)
+    kernel = tilelang.compile(tir, target=SM90A, execution_backend="tvm_ffi", pass_configs=tq3_decode_kernel.pass_configs)
+    source = workdir / "tq3_decode.cu"
+    source.write_text(kernel.get_kernel_source())
+    tl = Path(tilelang.__file__).parent
+    cubin = workdir / "tq3_decode.cubin"
+    includes = [f"-I{tl / 'src'}", f"-I{tl / '3rdparty' / 'cutlass' / 'include'}"]
+    subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-O3", "-std=c++17", "-w", *includes, "-o", cubin, source], check=True)
+    return cubin
+
+
+def main_loop(sass: str) -> list[str]:
+    """Instructions of the innermost loop that holds the first HMMA (the chunk loop)."""
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(INSTRUCTION.match, sass.splitlines()) if m]
+    first_mma = next(a for a, text in code if "HMMA" in text)
+    loops = []
+    for addr, text in code:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and "DIV" not in text and int(target.group(1), 16) <= first_mma <= addr:
+            loops.append((addr - int(target.group(1), 16), int(target.group(1), 16), addr))
+    _, lo, hi = min(loops)
+    return [text for addr, text in code if lo <= addr <= hi]
+
+
+def opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("heads", help="query heads / kv heads / head dim, e.g. 24/4/256")
+    ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT", help="build option over tile_config")
+    ap.add_argument("--sass", help="also write the whole disassembly here")
+    args = ap.parse_args()
+    options = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = build_cubin(args.heads, args.page, options, Path(tmp))
+        sass = cuobjdump(cubin, "-sass")
+        usage = cuobjdump(cubin, "-res-usage")
+    if args.sass:
+        Path(args.sass).write_text(sass)
+    resources = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
+    loop = main_loop(sass)
+    counts = collections.Counter(opcode(t) for t in loop)
+    print(f"{args.heads} page {args.page} {options or ''}: {resources.group(0) if resources else usage.strip()}")
+    print(f"main loop (one 16-token chunk per warp): {len(loop)} instructions")
+    print("  " + ", ".join(f"{op} {n}" for op, n in counts.most_common()))
+
+
+if __name__ == "__main__":
+    main()
