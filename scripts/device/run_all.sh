@@ -3,7 +3,7 @@
 # then the decode benchmark with what is left of the call. Logs and JSON go to $OUT.
 #   usage (device): bash scripts/device/run_all.sh [install] [TEST_TIMEOUT_S] [BENCH_BUDGET_S]
 #   TEST_GROUPS (env): '|'-separated pytest -k expressions, one process each (default: all tests)
-#   BENCH=0 (env): tests only, no SASS histogram or benchmark
+#   BENCH=0 (env): tests only, no benchmark (instruction mix: scripts/kernel_sass.py, no GPU needed)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ "${1:-}" = install ]; then shift; bash scripts/gpu-stack.sh install || exit 3; fi
@@ -19,6 +19,5 @@ for group in "${groups[@]}"; do
     --confcutdir=test/gpu -o addopts="" 2>&1 | tee -a "$OUT/tests.log" | grep -E "PASS|FAIL|ERROR|rel_err|differ|passed|failed|Error" | tail -30
 done
 [ "${BENCH:-1}" = 0 ] && exit 0
-bash scripts/device/sass_stats.sh > "$OUT/sass_stats.txt" 2>&1
 timeout $((bench_budget + 120)) python3 benchmark/kernels/bench_decode.py --out "$OUT/bench_decode.json" --budget-s "$bench_budget" ${BENCH_ARGS:-} \
   2>&1 | tee "$OUT/bench.log" | tail -80
