@@ -192,34 +192,46 @@ def tq3_variant_kernel(hq: int, h: int, d: int, name: str):
     return tq3_decode_kernel(h, hq // h, d, PAGE, d**-0.5, key_centroids_fp16(d), **variant_build(d, name))
 
 
+VARIANT_BATCH, VARIANT_CTX, VARIANT_STALE = 8, 32768, 0.75
+
+
+def variant_case(hq: int, h: int, d: int, dev: str) -> tuple[tuple, int]:
+    """Inputs of the TQ3 kernel at batch 8 x 32K, 75% Stale, random page order: (q words, pool word and
+    half views, page_indptr, page_ids) and the TQ3 pages per request."""
+    batch = VARIANT_BATCH
+    n_tq3 = int(VARIANT_STALE * VARIANT_CTX // PAGE)
+    pool = tq3_pool(batch * n_tq3, h, d, LayerRotation(h, d, layer_id=0, seed=0, device=dev), dev)
+    ids = torch.randperm(batch * n_tq3, device=dev).to(torch.int32)
+    indptr = torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32, device=dev)
+    q = torch.randn(batch, hq, d, device=dev).to(torch.float16).view(torch.int32)
+    return (q, *pool_views(pool), indptr, ids), n_tq3
+
+
+def variant_launch(hq: int, h: int, d: int, name: str, inputs: tuple, n_tq3: int, dev: str):
+    """The variant's kernel bound to ``inputs`` and split buffers sized for its build; and the split count."""
+    splits = choose_num_splits(VARIANT_BATCH, h, n_tq3, PAGE, d, build=variant_build(d, name))
+    out = torch.empty(VARIANT_BATCH, hq, splits, d, device=dev)
+    lse = torch.empty(VARIANT_BATCH, hq, splits, device=dev)
+    return partial(tq3_variant_kernel(hq, h, d, name), *inputs, out, lse), splits
+
+
 def tq3_variants(dev: str) -> list[dict]:
     """TQ3 kernel alone (split decode, no combine), 75% of a 32K context, batch 8, per variant
     (the split count chosen for the variant's build, as the library does for its own)."""
     rows = []
-    batch, ctx = 8, 32768
     for geom, (hq, h, d) in GEOMETRIES.items():
-        layout = TQ3PageLayout(h, PAGE, d)
-        rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
-        n_tq3 = int(0.75 * ctx // PAGE)
-        pool = tq3_pool(batch * n_tq3, h, d, rotation, dev)
-        ids = torch.randperm(batch * n_tq3, device=dev).to(torch.int32)
-        indptr = torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32, device=dev)
-        q = torch.randn(batch, hq, d, device=dev).to(torch.float16).view(torch.int32)
-        views = pool_views(pool)
+        inputs, n_tq3 = variant_case(hq, h, d, dev)
+        nbytes = VARIANT_BATCH * n_tq3 * TQ3PageLayout(h, PAGE, d).page_bytes
         for name in TQ3_VARIANTS:
-            splits = choose_num_splits(batch, h, n_tq3, PAGE, d, build=variant_build(d, name))
-            out = torch.empty(batch, hq, splits, d, device=dev)
-            lse = torch.empty(batch, hq, splits, device=dev)
-            kernel = tq3_variant_kernel(hq, h, d, name)
-            ms, graph = bench_ms(partial(kernel, q, *views, indptr, ids, out, lse))
-            nbytes = batch * n_tq3 * layout.page_bytes
+            launch, splits = variant_launch(hq, h, d, name, inputs, n_tq3, dev)
+            ms, graph = bench_ms(launch)
             rows.append(
                 {
                     "geom": geom,
                     "variant": name,
-                    "batch": batch,
-                    "ctx": ctx,
-                    "stale": 0.75,
+                    "batch": VARIANT_BATCH,
+                    "ctx": VARIANT_CTX,
+                    "stale": VARIANT_STALE,
                     "splits": splits,
                     "ms": ms,
                     "graph": graph,

@@ -9,26 +9,16 @@ import sys
 import torch
 
 sys.path.insert(0, "benchmark/kernels")
-from bench_decode import GEOMETRIES, LIBRARY_BUILD, PAGE, tq3_pool, tq3_variant_kernel, variant_build
-from minima_kernels import choose_num_splits, pool_views
-from sglang_minima.codec import LayerRotation
+from bench_decode import GEOMETRIES, LIBRARY_BUILD, variant_case, variant_launch
 
 
 def main() -> None:
-    dev, batch, ctx = "cuda", 8, 32768
     names = sys.argv[1:] or [LIBRARY_BUILD]
     for geom, (hq, h, d) in GEOMETRIES.items():
-        n_tq3 = int(0.75 * ctx // PAGE)
-        pool = tq3_pool(batch * n_tq3, h, d, LayerRotation(h, d, layer_id=0, seed=0, device=dev), dev)
-        ids = torch.randperm(batch * n_tq3, device=dev).to(torch.int32)
-        indptr = torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32, device=dev)
-        q = torch.randn(batch, hq, d, device=dev).to(torch.float16).view(torch.int32)
+        inputs, n_tq3 = variant_case(hq, h, d, "cuda")
         for name in names:
-            splits = choose_num_splits(batch, h, n_tq3, PAGE, d, build=variant_build(d, name))
-            out = torch.empty(batch, hq, splits, d, device=dev)
-            lse = torch.empty(batch, hq, splits, device=dev)
-            kernel = tq3_variant_kernel(hq, h, d, name)
-            kernel(q, *pool_views(pool), indptr, ids, out, lse)
+            launch, splits = variant_launch(hq, h, d, name, inputs, n_tq3, "cuda")
+            launch()
             torch.cuda.synchronize()
             print(f"{geom} {name}: launched, splits {splits}", flush=True)
 
