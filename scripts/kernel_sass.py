@@ -55,9 +55,14 @@ def cuobjdump(cubin: Path, flag: str) -> str:
     return done.stdout
 
 
+def build_options(heads: str, page: int, options: dict) -> dict:
+    hq, h, d = (int(x) for x in heads.split("/"))
+    return {**tile_config(hq // h, page, d), **options}
+
+
 def build_cubin(heads: str, page: int, options: dict, workdir: Path) -> Path:
     hq, h, d = (int(x) for x in heads.split("/"))
-    build = {**tile_config(hq // h, page, d), **options}
+    build = build_options(heads, page, options)
     tir = tq3_decode_kernel.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), **build)
     kernel = tilelang.compile(tir, target=SM90A, execution_backend="tvm_ffi", pass_configs=tq3_decode_kernel.pass_configs)
     source = workdir / "tq3_decode.cu"
@@ -70,7 +75,7 @@ def build_cubin(heads: str, page: int, options: dict, workdir: Path) -> Path:
 
 
 def main_loop(sass: str) -> list[str]:
-    """Instructions of the innermost loop that holds the first HMMA (the chunk loop)."""
+    """Instructions of the innermost loop that holds the first HMMA (the step loop)."""
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(INSTRUCTION.match, sass.splitlines()) if m]
     first_mma = next(a for a, text in code if "HMMA" in text)
     loops = []
@@ -104,7 +109,8 @@ def main() -> None:
     loop = main_loop(sass)
     counts = collections.Counter(opcode(t) for t in loop)
     print(f"{args.heads} page {args.page} {options or ''}: {resources.group(0) if resources else usage.strip()}")
-    print(f"main loop (one 16-token chunk per warp): {len(loop)} instructions")
+    chunks = build_options(args.heads, args.page, options)["step_chunks"]
+    print(f"main loop (one softmax step of {chunks} 16-token chunks per warp): {len(loop)} instructions, {len(loop) / chunks:.0f} per chunk")
     print("  " + ", ".join(f"{op} {n}" for op, n in counts.most_common()))
 
 

@@ -22,10 +22,32 @@ def print_markdown(result: dict) -> None:
             f"{r['flashinfer_fp8_tbps']:.2f} | {r['minima_tbps']:.2f} | {tq3} | {r['num_splits']} |"
         )
     print()
+    print_breakdown(result)
+    print()
     print("| geometry | variant | ms | TB/s | % roofline | splits |")
     print("|---|---|---|---|---|---|")
     for r in result.get("tq3_variants", []):
+        if "error" in r:
+            print(f"| {r['geom']} | {r['variant']} | not run: {r['error'][:80]} | | | |")
+            continue
         print(f"| {r['geom']} | {r['variant']} | {r['ms']:.3f} | {r['tbps']:.2f} | {100 * r['roofline_frac']:.1f}% | {r['splits']} |")
+
+
+def print_breakdown(result: dict, stale: float = 0.75) -> None:
+    """Where the mixed decode's time goes at one Stale fraction: each part alone (microseconds)."""
+    print(
+        "| geometry | B | ctx | Minima | TQ3 kernel + split combine | FlashInfer over the FP8 pages | glue (rotate q, epilogue) "
+        "| Minima, one stream | FI FP8 all pages, before / after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in result["decode"]:
+        if "skipped" in r or r["stale"] != stale or "fp8_part_ms" not in r:
+            continue
+        print(
+            f"| {r['geom']} | {r['batch']} | {r['ctx'] // 1024}K | {1e3 * r['minima_ms']:.1f} | {1e3 * r['tq3_kernel_ms']:.1f} | "
+            f"{1e3 * r['fp8_part_ms']:.1f} | {1e3 * r['glue_ms']:.1f} | {1e3 * r['minima_serial_ms']:.1f} | "
+            f"{1e3 * r['flashinfer_fp8_ms']:.1f} / {1e3 * r['flashinfer_fp8_after_ms']:.1f} |"
+        )
 
 
 def plot_speedup(result: dict, path: str) -> None:

@@ -8,7 +8,7 @@
 """
 
 from .convert import fp8_to_tq3, fp8_to_tq3_kernel, tq3_to_fp8, tq3_to_fp8_kernel
-from .decode import MinimaDecodeWrapper, choose_num_splits, pool_views
+from .decode import MinimaDecodeWrapper, choose_num_splits
 from .rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
 from .tq3_decode import tile_config, tq3_decode_kernel, tq3_merge_splits
 
@@ -18,7 +18,6 @@ __all__ = [
     "fp8_to_tq3",
     "fp8_to_tq3_kernel",
     "mixed_epilogue_kernel",
-    "pool_views",
     "rotate_queries_kernel",
     "tile_config",
     "tq3_decode_kernel",

@@ -48,12 +48,6 @@ def choose_num_splits(
     return max(1, min(want, max_pages // min_pages))
 
 
-def pool_views(pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two views of a TQ3 pool [num_pages, page_bytes] uint8 that the decode kernel reads:
-    uint32 words (codes) and fp16 halves (norms, scales, zeros), as int32 / float16 tensors."""
-    return pages.view(torch.int32), pages.view(torch.float16)
-
-
 @dataclass
 class TQ3Plan:
     """Device-side state of the TQ3 part of one plan (page lists, split buffers)."""
@@ -87,6 +81,7 @@ class MinimaDecodeWrapper:
         sm_scale: float | None = None,
         q_dtype: torch.dtype = torch.bfloat16,
         fp8_page_size: int | None = None,
+        overlap_fp8: bool = True,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -118,6 +113,7 @@ class MinimaDecodeWrapper:
             for with_fp8 in (False, True)
         }
         self._side_stream = torch.cuda.Stream(self.device)
+        self.overlap_fp8 = overlap_fp8  # FlashInfer on a side stream, concurrent with the TQ3 part
         self._has_fp8 = self._has_tq3 = False
         self.tq3_plan: TQ3Plan | None = None
 
@@ -179,13 +175,27 @@ class MinimaDecodeWrapper:
     def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq])."""
         p = self.tq3_plan
-        words, halves = pool_views(tq3_pages)
         q_words = q_rot.contiguous().view(torch.int32)
-        self._tq3_kernel(q_words, words, halves, p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+        self._tq3_kernel(q_words, tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
         if p.num_splits == 1:
             return p.out_partial.view(p.out.shape), p.lse_partial.view(p.lse.shape)
         self._merge_kernel(p.out_partial, p.lse_partial, p.out, p.lse)
         return p.out, p.lse
+
+    def run_fp8(self, q: torch.Tensor, fp8_kv_cache, *, k_scale=None, v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """FP8 part alone: FlashInfer over the planned FP8 pages -> (out [B, Hq, D], lse [B, Hq] base 2)."""
+        self._fp8.run(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True)
+        return self._fp8_out, self._fp8_lse
+
+    def run_glue(self, q: torch.Tensor, rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two launches around the attention kernels alone (q rotation in; split combine, un-rotation
+        and merge out) on the planned buffers, as ``run`` launches them: what they cost."""
+        p = self.tq3_plan
+        self._rotate_kernel(q, rotation, p.q_rot)
+        self._epilogue[self._has_fp8](
+            p.out_partial, p.lse_partial, rotation, self._fp8_out, self._fp8_lse, self._out, self._lse
+        )
+        return self._out, self._lse
 
     def run(
         self,
@@ -203,24 +213,24 @@ class MinimaDecodeWrapper:
             raise ValueError(f"q has dtype {q.dtype}, the wrapper was built for {self.q_dtype}")
 
         def fp8_attention():
-            self._fp8.run(
-                q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True
-            )
+            self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
 
         if not self._has_tq3:
             fp8_attention()
             return self._fp8_out, self._fp8_lse
         main = torch.cuda.current_stream(self.device)
-        if self._has_fp8:  # independent of the TQ3 part: overlap them
+        overlap = self._has_fp8 and self.overlap_fp8
+        if overlap:  # independent of the TQ3 part
             self._side_stream.wait_stream(main)
             with torch.cuda.stream(self._side_stream):
                 fp8_attention()
         p = self.tq3_plan
-        words, halves = pool_views(tq3_pages)
         self._rotate_kernel(q, rotation, p.q_rot)
-        self._tq3_kernel(p.q_rot.view(torch.int32), words, halves, p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
-        if self._has_fp8:
+        self._tq3_kernel(p.q_rot.view(torch.int32), tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+        if overlap:
             main.wait_stream(self._side_stream)
+        elif self._has_fp8:
+            fp8_attention()
         self._epilogue[self._has_fp8](
             p.out_partial, p.lse_partial, rotation, self._fp8_out, self._fp8_lse, self._out, self._lse
         )

@@ -1,12 +1,17 @@
 """TQ3 paged split-KV decode attention in TileLang, and the split combine.
 
 One CTA = (split, kv head, request), ``warps`` warps (``tile_config``). The CTA's share of the
-request's TQ3 pages (CSR: ``page_indptr`` / ``page_ids``) is cut into 16-token chunks (one MMA tile)
-and the warps take the chunks round-robin, each with its own online-softmax state, so the main loop
-has no CTA barrier. Pages store their codes in MMA order (codec/layout.py): a warp copies a chunk's
-code words with cp.async (adjacent pieces, coalesced) into its ring of ``stages`` slots, each lane
-reads its own stream back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core
-operands: values with bit operations, keys with one table load each. No decoded tile in shared memory.
+request's TQ3 pages (CSR: ``page_indptr`` / ``page_ids``) is cut into 16-token chunks (one MMA tile),
+and the warps take steps of ``step_chunks`` chunks round-robin, each warp with its own online-softmax
+state, so the main loop has no CTA barrier. A step runs the key GEMM of each of its chunks, then one
+softmax update over all of them (one max reduction, one rescale), then the value GEMMs: the per-step
+costs (shuffles, exponentials of the running max, loop and copy bookkeeping) are shared by 2-4 chunks.
+Pages store their codes in MMA order (codec/layout.py): a warp copies a step's code words with
+cp.async (adjacent pieces, coalesced) into its ring of ``stages`` slots, each lane reads its own
+stream back into registers and turns each 96-bit triple into 16 fp16x2 tensor-core operands: values
+with bit operations, keys with one table load each. No decoded tile in shared memory. The copy
+addresses are loop invariants plus one page pointer per step: with warps x step_chunks a multiple of
+the chunks per page, a warp's steps start at the same chunk of their pages.
 
 Both GEMMs put the query heads of the GQA group on the MMA's N = 8 side (swap AB), so a group of up
 to 8 heads costs one n8 tile instead of a padded m16 one, and each decoded tile serves the group:
@@ -21,10 +26,11 @@ The table has one column per lane (entry e of lane l at byte 128 e + 4 l) so a w
 never share a bank, and the field's bits are the byte offset after one shift and one lop3 that
 masks it and ORs in the lane. This replaced an fp16 polynomial of c - 3.5 (six FMA-pipe ops per pair,
 ~75% of the decode's issue slots). The score scale (norm correction * sm_scale * log2 e) is applied
-per token after the GEMM. The probabilities
-move from the scores' accumulator layout to the B operand of the value GEMM with ``movmatrix``.
-Softmax is base 2; each split writes its partial output (rotated space, fp32) and LSE (base 2); a
-split with no page writes out = 0, lse = -inf. ``tq3_merge_splits`` combines the splits.
+per token after the GEMM. The probabilities move from the scores' accumulator layout to the B
+operand of the value GEMM with ``movmatrix``. Softmax is base 2 (``ex2.approx.ftz``); each split
+writes its partial output (rotated space, fp32) and LSE (base 2); a split with no page writes out =
+0, lse = -inf. The warps' output rows meet in their own parts of the ring (free after the loop), and
+``tq3_merge_splits`` combines the splits.
 """
 
 import numpy as np
@@ -46,6 +52,7 @@ from sglang_minima.codec.layout import (
 
 LOG2E = 1.4426950408889634
 WARPS = 4
+STEP_CHUNKS = 2  # 16-token chunks per online-softmax step
 HEADS_PER_TILE = 8  # the MMA's N: query heads of a GQA group per tile
 
 # fp16x2 constants of the value decode (bit patterns). A pair's codes sit at bits s..s+2 of each half
@@ -102,20 +109,33 @@ __device__ __forceinline__ uint32_t entry_offset(uint32_t x, uint32_t lane4) {{
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "n"(0x{_ENTRY_MASK:x}u), "r"(lane4));
   return d;
 }}
-// The table is a static __shared__ array: one per CTA, filled before the main loop.
+// The table lives in a static __shared__ array, one per CTA, filled before the main loop, at an
+// address aligned to its size (8 KB) so that a lane's column address (table_lane) ORs with an entry
+// offset: each lookup is one lop3 and one ld.shared with no add for the table's base. (__align__ on
+// a __shared__ array is not honoured beyond 1 KB on sm_90, hence the padding.)
 __device__ __forceinline__ uint32_t* key_table() {{
-  __shared__ __align__(16) uint32_t table[{KEY_TABLE_ENTRIES} * 32];
-  return table;
+  constexpr uintptr_t kBytes = {KEY_TABLE_ENTRIES * 128};
+  __shared__ __align__(16) uint32_t padded[2 * kBytes / 4];
+  return reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(padded) + kBytes - 1) & ~(kBytes - 1));
 }}
+// Lane l computes entries l and l + 32 once; each warp then writes its rows of the table, every
+// row one entry broadcast to the 32 columns.
 __device__ __forceinline__ void fill_key_table(int warp, int warps, int lane) {{
-  for (int e = warp; e < {KEY_TABLE_ENTRIES}; e += warps) key_table()[e * 32 + lane] = key_pair(e);
+  static_assert({KEY_TABLE_ENTRIES} == 64, "two entries per lane");
+  const uint32_t low = key_pair(lane), high = key_pair(lane + 32);
+  for (int e = warp; e < {KEY_TABLE_ENTRIES}; e += warps)
+    key_table()[e * 32 + lane] = __shfl_sync(0xffffffffu, e < 32 ? low : high, e & 31);
 }}
-__device__ __forceinline__ uint32_t table_at(uint32_t offset) {{
-  uint32_t d, base = static_cast<uint32_t>(__cvta_generic_to_shared(key_table()));
-  asm("ld.shared.b32 %0, [%1];" : "=r"(d) : "r"(base + offset));
+// shared-memory address of entry 0 of this lane's column
+__device__ __forceinline__ uint32_t table_lane(int lane) {{
+  return static_cast<uint32_t>(__cvta_generic_to_shared(key_table())) | (lane << 2);
+}}
+__device__ __forceinline__ uint32_t table_at(uint32_t address) {{
+  uint32_t d;
+  asm("ld.shared.b32 %0, [%1];" : "=r"(d) : "r"(address));
   return d;
 }}
-// keys: the 16 pairs of a triple as fp16x2 centroids, one table load each (lane4 = 4 * lane)
+// keys: the 16 pairs of a triple as fp16x2 centroids, one table load each (lane4 = table_lane(lane))
 __device__ __forceinline__ void tq3_keys(const uint32_t* w, uint32_t lane4, uint32_t* out) {{
 #pragma unroll
   for (int k = 0; k < 3; ++k) {{
@@ -176,18 +196,34 @@ __device__ __forceinline__ void tq3_values(const uint32_t* w, uint32_t* out) {{
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {{
   uint32_t d; asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(x)); return d;
 }}
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {{ return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }}
 template <int kBytes>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {{
-  unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ void cp_async_to(uint32_t dst, const void* gmem) {{
   if constexpr (kBytes == 16) {{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(gmem));
   }} else {{
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(dst), "l"(gmem), "n"(kBytes));
   }}
 }}
+// One chunk of a page: its K and V code words (the warp copies adjacent pieces: lane l pieces l,
+// l + 32, l + 64 at byte code_off of the page) and, on lanes with meta_lane, 4 bytes of its norms /
+// scales / zeros at byte meta_off.
+template <int kPiece, int kValueDelta, int kValueSlot>
+__device__ __forceinline__ void copy_chunk(uint32_t dst, uint32_t meta_dst, const void* page, int code_off, int meta_off, bool meta_lane) {{
+  const char* src = static_cast<const char*>(page) + code_off;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {{
+    cp_async_to<kPiece>(dst + 32 * kPiece * j, src + 32 * kPiece * j);
+    cp_async_to<kPiece>(dst + kValueSlot + 32 * kPiece * j, src + kValueDelta + 32 * kPiece * j);
+  }}
+  if (meta_lane) cp_async_to<4>(meta_dst, static_cast<const char*>(page) + meta_off);
+}}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;"); }}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;" :: "n"(kPending)); }}
+__device__ __forceinline__ float ex2(float x) {{  // 2^x, flushing subnormals (ex2(-inf) = 0)
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}}
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {{
   __half2 h = __floats2half2_rn(lo, hi); return *reinterpret_cast<uint32_t*>(&h);
 }}
@@ -208,35 +244,51 @@ def tq3_decode_kernel(
     min_blocks: int = 1,
     warps: int = WARPS,
     stages: int = 2,
+    step_chunks: int = STEP_CHUNKS,
     shift_by_imad: bool = False,
 ):
     """Partial decode over TQ3 pages; the key codebook (``centroids``, ascending, fp16-rounded) is
-    baked in and becomes the CTA's key table.
+    baked in and becomes the CTA's key table. ``step_chunks``: 16-token chunks per softmax step.
 
     Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
-    queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words and as fp16
-    halves (two views of one tensor); page_indptr [batch+1] int32, page_ids [nnz] int32 ->
+    queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words; page_indptr [batch+1] int32, page_ids [nnz] int32 ->
     out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2).
     """
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
+    C = step_chunks
     NB = -(-G // HEADS_PER_TILE)  # head tiles of 8
     heads = H * G
     lane_words = layout.lane_words  # 3, 6, 12
     triples = lane_words // TRIPLE_WORDS
-    vec = lane_words // TRIPLE_WORDS  # a lane stream is copied as 3 equal pieces of D/64 words
+    vec = lane_words // TRIPLE_WORDS  # a lane's stream is copied and read as 3 pieces of D/64 words
     blocks = D // 16
     chunks_per_page = P // CHUNK_TOKENS
-    page_words, page_halves = layout.page_bytes // 4, layout.page_bytes // 2
+    page_words = layout.page_bytes // 4
     head_words = layout.head_code_bytes // 4
     chunk_words = LANES * lane_words
+    slot_words = C * 2 * chunk_words  # a ring slot: the step's chunks, each K codes then V codes
+    # a warp's part of the ring; after the main loop it holds the warp's output rows for the combine
+    warp_words = max(stages * slot_words, G * D)
     k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
     kn_base, vs_base, vz_base = layout.k_norm_offset // 2, layout.v_scale_offset // 2, layout.v_zero_offset // 2
     scale = sm_scale * LOG2E
     source = _device_source(centroids, shift_by_imad)
     if stages < 2:
         raise ValueError(f"stages={stages}: the chunk ring needs at least 2 slots")
-    copy_codes = f"minima::cp_async<{4 * vec}>"  # one piece of a lane stream: 4, 8, 16 bytes
+    if C not in (1, 2, 4):
+        raise ValueError(f"step_chunks={C}: 1, 2 or 4 16-token chunks per softmax step")
+    chains = 4 // C  # partial accumulators of a chunk's key GEMM: 4 independent MMA chains per step
+    # The chunks of a step share a page unless pages are shorter than a step, which then spans
+    # step_pages whole pages; a split's last step may then miss chunks, masked out of the softmax.
+    step_pages = max(1, C // chunks_per_page)
+    ragged = step_pages > 1
+    # With warps * C a multiple of the chunks per page, a warp's steps start at the same chunk of
+    # their pages and the page index advances by a constant: the main loop does no address division.
+    if (warps * C) % chunks_per_page:
+        raise ValueError(f"warps={warps} x step_chunks={C} must be a multiple of the {chunks_per_page} chunks per page")
+    page_stride = warps * C // chunks_per_page
+    copy_chunk = f"minima::copy_chunk<{4 * vec}, {4 * (v_base - k_base)}, {4 * chunk_words}>"
     neg_inf = -T.infinity(T.float32)
 
     batch, num_pages, nnz, num_splits = T.dynamic("batch, num_pages, nnz, num_splits")
@@ -245,7 +297,6 @@ def tq3_decode_kernel(
     def tq3_decode(
         q_words: T.Tensor([batch, heads, D // 2], T.int32),
         pool_words: T.Tensor([num_pages, page_words], T.int32),
-        pool_halves: T.Tensor([num_pages, page_halves], T.float16),
         page_indptr: T.Tensor([batch + 1], T.int32),
         page_ids: T.Tensor([nnz], T.int32),
         out_partial: T.Tensor([batch, heads, num_splits, D], T.float32),
@@ -262,34 +313,36 @@ def tq3_decode_kernel(
 
             q_frag = T.alloc_local([blocks * NB * 2], T.uint32)
             acc_o = T.alloc_local([blocks * NB * 4], T.float32)
-            acc_s = T.alloc_local([NB * 4], T.float32)
-            # the key GEMM keeps 4 partial accumulators (one per k-block of a triple) so its MMAs form
-            # 4 independent chains of D/64 instead of one chain of D/16
-            acc_k = T.alloc_local([4 * NB * 4], T.float32)
+            acc_s = T.alloc_local([C * NB * 4], T.float32)
+            acc_k = T.alloc_local([C * chains * NB * 4], T.float32)
             m_i = T.alloc_local([NB * 2], T.float32)
             l_i = T.alloc_local([NB * 2], T.float32)
             z_i = T.alloc_local([NB * 2], T.float32)
             alpha = T.alloc_local([NB * 2], T.float32)
-            p_frag = T.alloc_local([NB * 2], T.uint32)
+            step_max = T.alloc_local([1], T.float32)
+            step_l = T.alloc_local([1], T.float32)
+            step_z = T.alloc_local([1], T.float32)
+            p_frag = T.alloc_local([C * NB * 2], T.uint32)
             ops = T.alloc_local([PAIRS_PER_TRIPLE], T.uint32)
-            # the chunk being computed (cur) and the next one in flight (nxt): codes and metadata
-            k_cur = T.alloc_local([lane_words], T.uint32)
-            v_cur = T.alloc_local([lane_words], T.uint32)
-            meta_cur = T.alloc_local([6], T.float32)  # k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
-            ring = T.alloc_shared([warps * stages, 2, LANES * lane_words], T.uint32)  # K, V code streams
-            meta_ring = T.alloc_shared([warps * stages, 3 * CHUNK_TOKENS], T.float16)
-            page_next = T.alloc_local([1], T.int32)
+            codes = T.alloc_local([lane_words], T.uint32)  # one chunk's K or V words of this lane
+            meta_cur = T.alloc_local([C * 6], T.float32)  # per chunk: k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
+            chunk_ok = T.alloc_local([C], T.int32)
+            ring = T.alloc_shared([warps * warp_words], T.uint32)
+            meta_ring = T.alloc_shared([warps * stages * C * 3 * CHUNK_TOKENS], T.float16)
+            page_next = T.alloc_local([step_pages], T.int32)
             rescale = T.alloc_local([1], T.int32)
 
             m_all = T.alloc_local([1], T.float32)
             den = T.alloc_local([1], T.float32)
             num = T.alloc_local([1], T.float32)
-            o_s = T.alloc_shared([warps, G, D], T.float32)
             stat_s = T.alloc_shared([3, warps, G], T.float32)  # m, l, z per warp and head
 
-            # the split's page range and this warp's chunk count, computed once into registers (as
-            # plain expressions TVM would inline them into the main loop, division included)
-            split = T.alloc_local([3], T.int32)  # first page id index, chunks, chunks of this warp
+            # Loop invariants, computed once into registers (as plain expressions TVM would inline them
+            # into the main loop, a 64-bit division included): the split's page range, this warp's
+            # steps, and this lane's copy offsets in a page (bytes; codes: its first piece of the
+            # warp's first chunk in each page; metadata: field lane // 8, halves 2 (lane % 8) and +1)
+            # and shared-memory addresses.
+            split = T.alloc_local([4], T.int32)  # first page id index, chunks, steps of this warp, its first page id index
             first = page_indptr[bid]
             n_pages = page_indptr[bid + 1] - first
             per_split = T.ceildiv(n_pages, num_splits)
@@ -297,9 +350,22 @@ def tq3_decode_kernel(
             p_hi = T.min(p_lo + per_split, n_pages)
             split[0] = first + p_lo
             split[1] = (p_hi - p_lo) * chunks_per_page
-            # this warp's chunks: warp, warp + warps, ...
-            split[2] = T.max(split[1] - warp + warps - 1, 0) // warps
-            page0, n_chunks, n_mine = split[0], split[1], split[2]
+            split[2] = T.max(T.ceildiv(split[1], C) - warp + warps - 1, 0) // warps  # steps warp, warp + warps, ...
+            split[3] = split[0] + warp * C // chunks_per_page
+            page0, n_chunks, n_mine, page_at = split[0], split[1], split[2], split[3]
+            first_sub = T.if_then_else(ragged, 0, warp * C % chunks_per_page)  # the warp's first chunk in a page
+            lane_off = T.alloc_local([2], T.int32)
+            lane_off[0] = (k_base + hk * head_words + lane * vec + first_sub * chunk_words) * 4
+            lane_off[1] = (
+                T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
+                + hk * P
+                + (lane % 8) * 2
+                + first_sub * CHUNK_TOKENS
+            ) * 2
+            ring_at = T.alloc_local([3], T.uint32)  # this lane's first piece in slot 0, its metadata, its key table column
+            ring_at[0] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(ring[warp * warp_words + lane * vec]))
+            ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * 3 * CHUNK_TOKENS + lane * 2]))
+            ring_at[2] = T.call_extern(T.uint32, "minima::table_lane", lane)
 
             for kb in T.unroll(blocks):
                 for nb in T.unroll(NB):
@@ -319,118 +385,151 @@ def tq3_decode_kernel(
             T.call_extern("handle", "minima::fill_key_table", warp, warps, lane)
             T.sync_threads()
 
-            # Each warp streams its chunks through a ring of `stages` slots in shared memory with
-            # cp.async: chunk it + stages - 1 is requested while chunk it computes, so stages - 1
-            # chunks per warp are in flight without holding registers. The warp copies a chunk's code
-            # words in adjacent pieces (coalesced: copying each lane's own stream instead wasted half
-            # of every 32-byte sector per instruction) and each lane reads back its own stream; the 96
-            # bytes of norms / scales / zeros are copied by 24 lanes. Lanes read what other lanes
-            # copied, hence the __syncwarp after the wait.
-            page_next[0] = T.if_then_else(n_mine > 0, page_ids[page0 + T.min(warp, n_chunks - 1) // chunks_per_page], 0)
+            # Each warp streams its steps (C chunks each) through a ring of `stages` slots in shared
+            # memory with cp.async: step it + stages - 1 is requested while step it computes, so
+            # stages - 1 steps per warp are in flight without holding registers. The warp copies a
+            # chunk's code words in adjacent pieces (coalesced: copying each lane's own stream instead
+            # wasted half of every 32-byte sector per instruction) and each lane reads back its own
+            # stream; the 96 bytes of norms / scales / zeros are copied by 24 lanes. Lanes read what
+            # other lanes copied, hence the __syncwarp after the wait.
+            # page ids of the next step, loaded one step ahead (ragged: step_pages of them, clamped to
+            # the split's last page: a missing chunk's page is not read)
+            for ci in T.unroll(step_pages):
+                page_next[ci] = T.if_then_else(n_mine > 0, page_ids[T.min(page_at + ci, page0 + n_chunks // chunks_per_page - 1)], 0)
             for it in T.serial(n_mine + stages - 1):
                 if it < n_mine:
-                    page = page_next[0]
-                    c = warp + it * warps
+                    slot = it % stages
+                    for ci in T.unroll(C):
+                        page = page_next[ci // chunks_per_page if ragged else 0]
+                        if not ragged or (warp + it * warps) * C + ci < n_chunks:
+                            T.call_extern(
+                                "handle",
+                                copy_chunk,
+                                ring_at[0] + (slot * slot_words + ci * 2 * chunk_words) * 4,
+                                ring_at[1] + ((slot * C + ci) * 3 * CHUNK_TOKENS) * 2,
+                                T.address_of(pool_words[page, 0]),
+                                lane_off[0] + (ci % chunks_per_page) * chunk_words * 4,
+                                lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
+                                lane < 24,
+                            )
                     if it + 1 < n_mine:
-                        page_next[0] = page_ids[page0 + (c + warps) // chunks_per_page]
-                    sub = c % chunks_per_page
-                    slot = (warp * stages + it % stages)
-                    kw = k_base + hk * head_words + sub * chunk_words
-                    vw = v_base + hk * head_words + sub * chunk_words
-                    for j in T.unroll(TRIPLE_WORDS):  # piece lane + 32 j: a warp copies 32 adjacent pieces
-                        piece = (lane + LANES * j) * vec
-                        T.call_extern("handle", copy_codes, T.address_of(ring[slot, 0, piece]), T.address_of(pool_words[page, kw + piece]))
-                        T.call_extern("handle", copy_codes, T.address_of(ring[slot, 1, piece]), T.address_of(pool_words[page, vw + piece]))
-                    if lane < 24:  # field lane // 8 (k_norm, v_scale, v_zero), halves 2(lane % 8) and +1
-                        field_base = T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
-                        T.call_extern(
-                            "handle",
-                            "minima::cp_async<4>",
-                            T.address_of(meta_ring[slot, lane * 2]),
-                            T.address_of(pool_halves[page, field_base + hk * P + sub * CHUNK_TOKENS + (lane % 8) * 2]),
-                        )
+                        if ragged:
+                            for ci in T.unroll(step_pages):
+                                page_next[ci] = page_ids[
+                                    T.min(page_at + (it + 1) * page_stride + ci, page0 + n_chunks // chunks_per_page - 1)
+                                ]
+                        else:
+                            page_next[0] = page_ids[page_at + (it + 1) * page_stride]
                 T.call_extern("handle", "minima::cp_async_commit")
                 if it >= stages - 1:
                     T.call_extern("handle", f"minima::cp_async_wait<{stages - 1}>")
                     T.call_extern("handle", "__syncwarp")
-                    slot = warp * stages + (it - stages + 1) % stages
-                    for j in T.unroll(TRIPLE_WORDS):
-                        for e in T.vectorized(vec):
-                            k_cur[j * vec + e] = ring[slot, 0, lane * lane_words + j * vec + e]
-                        for e in T.vectorized(vec):
-                            v_cur[j * vec + e] = ring[slot, 1, lane * lane_words + j * vec + e]
-                    for j in T.unroll(2):
-                        for f in T.unroll(3):
-                            meta_cur[2 * f + j] = T.Cast(T.float32, meta_ring[slot, f * CHUNK_TOKENS + r + 8 * j])
-                        meta_cur[j] *= scale  # k_norm * sm_scale * log2 e: one factor per score
-                    T.call_extern("handle", "__syncwarp")  # the slot is refilled next iteration
-                if it >= stages - 1:
-                    # scores^T = K . q'^T, triple by triple (4 k-blocks of 16 dims each)
-                    for i in T.unroll(4 * NB * 4):
-                        acc_k[i] = 0
-                    for tr in T.unroll(triples):
-                        T.call_extern(
-                            "handle", "minima::tq3_keys", T.address_of(k_cur[tr * 3]), lane * 4, T.address_of(ops[0])
-                        )
-                        for kk in T.unroll(4):
-                            for nb in T.unroll(NB):
-                                T.call_extern(
-                                    "handle",
-                                    "minima::mma_16816",
-                                    T.address_of(acc_k[(kk * NB + nb) * 4]),
-                                    T.address_of(ops[kk * 4]),
-                                    T.address_of(q_frag[((tr * 4 + kk) * NB + nb) * 2]),
+                    slot_base = warp * warp_words + (it - stages + 1) % stages * slot_words + lane * lane_words
+                    meta_base = (warp * stages + (it - stages + 1) % stages) * C * 3 * CHUNK_TOKENS
+                    for ci in T.unroll(C):
+                        chunk_ok[ci] = T.Cast(T.int32, (warp + (it - stages + 1) * warps) * C + ci < n_chunks)
+                        for j in T.unroll(2):
+                            for f in T.unroll(3):
+                                meta_cur[ci * 6 + 2 * f + j] = T.Cast(
+                                    T.float32, meta_ring[meta_base + (ci * 3 + f) * CHUNK_TOKENS + r + 8 * j]
                                 )
-                    for i in T.unroll(NB * 4):
-                        acc_s[i] = (acc_k[i] + acc_k[NB * 4 + i]) + (acc_k[2 * NB * 4 + i] + acc_k[3 * NB * 4 + i])
-                    # online softmax over the chunk; this thread holds tokens r, r + 8 of heads 2t, 2t + 1
+                            meta_cur[ci * 6 + j] *= scale  # k_norm * sm_scale * log2 e: one factor per score
+                            if ragged:  # a missing chunk: no probability mass (its shared memory is stale)
+                                meta_cur[ci * 6 + 2 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 2 + j], 0)
+                                meta_cur[ci * 6 + 4 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 4 + j], 0)
+                    # scores^T = K . q'^T per chunk, triple by triple (4 k-blocks of 16 dims each)
+                    for ci in T.unroll(C):
+                        for j in T.unroll(TRIPLE_WORDS):
+                            for e in T.vectorized(vec):
+                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + j * vec + e]
+                        for i in T.unroll(chains * NB * 4):
+                            acc_k[ci * chains * NB * 4 + i] = 0
+                        for tr in T.unroll(triples):
+                            T.call_extern("handle", "minima::tq3_keys", T.address_of(codes[tr * 3]), ring_at[2], T.address_of(ops[0]))
+                            for kk in T.unroll(4):
+                                for nb in T.unroll(NB):
+                                    T.call_extern(
+                                        "handle",
+                                        "minima::mma_16816",
+                                        T.address_of(acc_k[((ci * chains + kk % chains) * NB + nb) * 4]),
+                                        T.address_of(ops[kk * 4]),
+                                        T.address_of(q_frag[((tr * 4 + kk) * NB + nb) * 2]),
+                                    )
+                        for i in T.unroll(NB * 4):
+                            acc_s[ci * NB * 4 + i] = acc_k[ci * chains * NB * 4 + i]
+                            for ch in T.unroll(1, chains):
+                                acc_s[ci * NB * 4 + i] += acc_k[(ci * chains + ch) * NB * 4 + i]
+                    # online softmax over the step; this thread holds tokens r, r + 8 of each chunk for
+                    # heads 2t, 2t + 1
                     rescale[0] = 0
                     for nb in T.unroll(NB):
                         for j in T.unroll(2):
-                            s_lo = acc_s[nb * 4 + j] * meta_cur[0]
-                            s_hi = acc_s[nb * 4 + 2 + j] * meta_cur[1]
-                            acc_s[nb * 4 + j] = s_lo
-                            acc_s[nb * 4 + 2 + j] = s_hi
-                            c1 = T.max(s_lo, s_hi)
-                            c4 = T.max(c1, T.shfl_xor(c1, 4))
+                            step_max[0] = neg_inf
+                            for ci in T.unroll(C):
+                                for h in T.unroll(2):  # token r + 8 h
+                                    score = ci * NB * 4 + nb * 4 + 2 * h + j
+                                    acc_s[score] = acc_s[score] * meta_cur[ci * 6 + h]
+                                    if ragged:
+                                        acc_s[score] = T.if_then_else(chunk_ok[ci] != 0, acc_s[score], neg_inf)
+                                    step_max[0] = T.max(step_max[0], acc_s[score])
+                            c4 = T.max(step_max[0], T.shfl_xor(step_max[0], 4))
                             c8 = T.max(c4, T.shfl_xor(c4, 8))
                             c16 = T.max(c8, T.shfl_xor(c8, 16))
                             m_new = T.max(m_i[nb * 2 + j], c16)
-                            alpha[nb * 2 + j] = T.exp2(m_i[nb * 2 + j] - m_new)
+                            alpha[nb * 2 + j] = T.call_extern(T.float32, "minima::ex2", m_i[nb * 2 + j] - m_new)
                             rescale[0] = rescale[0] | T.Cast(T.int32, m_new != m_i[nb * 2 + j])
                             m_i[nb * 2 + j] = m_new
-                            p_lo_ = T.exp2(s_lo - m_new)
-                            p_hi_ = T.exp2(s_hi - m_new)
-                            l_i[nb * 2 + j] = l_i[nb * 2 + j] * alpha[nb * 2 + j] + p_lo_ + p_hi_
-                            z_i[nb * 2 + j] = z_i[nb * 2 + j] * alpha[nb * 2 + j] + p_lo_ * meta_cur[4] + p_hi_ * meta_cur[5]
-                            acc_s[nb * 4 + j] = p_lo_ * meta_cur[2]
-                            acc_s[nb * 4 + 2 + j] = p_hi_ * meta_cur[3]
-                        for j in T.unroll(2):  # tokens r (j=0) / r + 8 (j=1) -> B operand rows
-                            p_frag[nb * 2 + j] = T.call_extern(
-                                T.uint32,
-                                "minima::transpose8x8",
-                                T.call_extern(T.uint32, "minima::pack_half2", acc_s[nb * 4 + 2 * j], acc_s[nb * 4 + 2 * j + 1]),
-                            )
+                            step_l[0] = 0
+                            step_z[0] = 0
+                            for ci in T.unroll(C):
+                                for h in T.unroll(2):
+                                    p = T.call_extern(T.float32, "minima::ex2", acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] - m_new)
+                                    step_l[0] += p
+                                    step_z[0] += p * meta_cur[ci * 6 + 4 + h]
+                                    acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] = p * meta_cur[ci * 6 + 2 + h]
+                            l_i[nb * 2 + j] = l_i[nb * 2 + j] * alpha[nb * 2 + j] + step_l[0]
+                            z_i[nb * 2 + j] = z_i[nb * 2 + j] * alpha[nb * 2 + j] + step_z[0]
+                        for ci in T.unroll(C):
+                            for h in T.unroll(2):  # tokens r (h=0) / r + 8 (h=1) -> B operand rows
+                                p_frag[(ci * NB + nb) * 2 + h] = T.call_extern(
+                                    T.uint32,
+                                    "minima::transpose8x8",
+                                    T.call_extern(
+                                        T.uint32,
+                                        "minima::pack_half2",
+                                        acc_s[ci * NB * 4 + nb * 4 + 2 * h],
+                                        acc_s[ci * NB * 4 + nb * 4 + 2 * h + 1],
+                                    ),
+                                )
                     # rescale the output only when some running max moved (rare once the max settles)
                     if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), rescale[0]) != 0:
                         for mb in T.unroll(blocks):
                             for nb in T.unroll(NB):
                                 for i in T.unroll(4):
                                     acc_o[(mb * NB + nb) * 4 + i] *= alpha[nb * 2 + i % 2]
-                    # out'^T += V^T . (p * v_scale)^T
-                    for tr in T.unroll(triples):
-                        T.call_extern("handle", "minima::tq3_values", T.address_of(v_cur[tr * 3]), T.address_of(ops[0]))
-                        for kk in T.unroll(4):
-                            for nb in T.unroll(NB):
-                                T.call_extern(
-                                    "handle",
-                                    "minima::mma_16816",
-                                    T.address_of(acc_o[((tr * 4 + kk) * NB + nb) * 4]),
-                                    T.address_of(ops[kk * 4]),
-                                    T.address_of(p_frag[nb * 2]),
-                                )
+                    # out'^T += V^T . (p * v_scale)^T, chunk by chunk
+                    for ci in T.unroll(C):
+                        for j in T.unroll(TRIPLE_WORDS):
+                            for e in T.vectorized(vec):
+                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + chunk_words + j * vec + e]
+                        for tr in T.unroll(triples):
+                            T.call_extern("handle", "minima::tq3_values", T.address_of(codes[tr * 3]), T.address_of(ops[0]))
+                            for kk in T.unroll(4):
+                                for nb in T.unroll(NB):
+                                    T.call_extern(
+                                        "handle",
+                                        "minima::mma_16816",
+                                        T.address_of(acc_o[((tr * 4 + kk) * NB + nb) * 4]),
+                                        T.address_of(ops[kk * 4]),
+                                        T.address_of(p_frag[(ci * NB + nb) * 2]),
+                                    )
+                    T.call_extern("handle", "__syncwarp")  # the slot is refilled next iteration
 
-            # combine: the 8 token rows of a head live in lanes t, t + 4, ..., t + 28
+            # combine: the 8 token rows of a head live in lanes t, t + 4, ..., t + 28. Each warp's
+            # output rows go to its own part of the ring (its copies are all done: only empty groups
+            # were committed after its last step).
+            T.call_extern("handle", "minima::cp_async_wait<0>")
+            T.call_extern("handle", "__syncwarp")
             for i in T.unroll(NB * 2):
                 for off in T.unroll(3):
                     l_i[i] += T.shfl_xor(l_i[i], 4 * (1 << off))
@@ -446,7 +545,9 @@ def tq3_decode_kernel(
                     for i in T.unroll(4):
                         head = nb * HEADS_PER_TILE + 2 * t + i % 2
                         if head < G:
-                            o_s[warp, head, mb * 16 + r + 8 * (i // 2)] = acc_o[(mb * NB + nb) * 4 + i]
+                            ring[warp * warp_words + head * D + mb * 16 + r + 8 * (i // 2)] = T.reinterpret(
+                                acc_o[(mb * NB + nb) * 4 + i], T.uint32
+                            )
             T.sync_threads()
             for e in T.serial(T.ceildiv(G * D, warps * 32)):
                 idx = e * warps * 32 + tid
@@ -462,7 +563,7 @@ def tq3_decode_kernel(
                         for w in T.unroll(warps):
                             wgt = T.exp2(stat_s[0, w, head] - m_all[0])
                             den[0] += wgt * stat_s[1, w, head]
-                            num[0] += wgt * (o_s[w, head, d] + stat_s[2, w, head])
+                            num[0] += wgt * (T.reinterpret(ring[w * warp_words + head * D + d], T.float32) + stat_s[2, w, head])
                     out_partial[bid, hk * G + head, sid, d] = T.if_then_else(den[0] > 0, num[0] / den[0], T.float32(0))
                     if d == 0:
                         lse_partial[bid, hk * G + head, sid] = T.if_then_else(
@@ -514,15 +615,16 @@ def tq3_merge_splits(num_heads: int, head_dim: int):
 
 
 def tile_config(group_size: int, page_size: int, head_dim: int = 128) -> dict[str, int]:
-    """Build options for a (GQA group, page size, head dim): warps per CTA and resident CTAs per SM,
-    as measured best on the H200 (docs/results/kernels.md). The main loop is latency-bound, so warps
-    in flight per SM is what matters: 16 for head dims up to 128 (8 x 2 CTAs at ~128 registers; 4 x 4
-    at head dim 64, where 8-warp CTAs were slower), 12 at head dim 256 (twice the accumulators: 168
-    registers, no spills; 16 warps spill)."""
+    """Build options for a (GQA group, page size, head dim): warps per CTA, resident CTAs per SM and
+    chunks per softmax step, as measured best on the H200 (docs/results/kernels.md). The main loop is
+    latency-bound, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2 CTAs
+    at ~128 registers; 4 x 4 at head dim 64, where 8-warp CTAs were slower), 12 at head dim 256 (twice
+    the accumulators: 168 registers, no spills; 16 warps spill). Steps of 2 chunks (4 at head dim 64,
+    where per-step costs weigh most and registers allow: 120)."""
     del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
     if head_dim >= 256:
-        return {"warps": 12, "min_blocks": 1}
+        return {"warps": 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}
     if head_dim >= 128:
-        return {"warps": 8, "min_blocks": 2}
-    return {"warps": 4, "min_blocks": 4}
+        return {"warps": 8, "min_blocks": 2, "step_chunks": STEP_CHUNKS}
+    return {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
 

@@ -37,7 +37,7 @@ def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     # each lane streams its own code words through the warp's cp.async ring (4/8/16-byte pieces for
     # D = 64/128/256), decodes them with the magic-number helpers, and both GEMMs are warp-level
     # mma.sync with movmatrix in between
-    assert f"minima::cp_async<{d // 16}>" in src and "minima::cp_async_wait<" in src
+    assert f"minima::copy_chunk<{d // 16}," in src and "minima::cp_async_wait<" in src
     assert "minima::tq3_keys" in src and "minima::tq3_values" in src and "minima::transpose8x8" in src
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
     _compile(rotate_queries_kernel, hq, g, d, "bfloat16")
@@ -67,8 +67,9 @@ def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int
 
 @pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
 def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
-    # scripts/kernel_sass.py on the library build: no register spills, and one 16-token chunk per
-    # iteration costs 2 * D/16 MMAs (keys and values, one n8 tile of heads) and D/4 key-table loads
+    # scripts/kernel_sass.py on the library build: no register spills, and one softmax step (two
+    # 16-token chunks) per iteration costs 2 * D/16 MMAs per chunk (keys and values, one n8 tile of
+    # heads) and D/4 key-table loads per chunk
     import importlib.util
     from pathlib import Path
 
@@ -82,8 +83,11 @@ def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
     usage = kernel_sass.cuobjdump(cubin, "-res-usage")
     assert "STACK:0" in usage and "LOCAL:0" in usage, usage
     loop = [kernel_sass.opcode(t) for t in kernel_sass.main_loop(kernel_sass.cuobjdump(cubin, "-sass"))]
-    assert loop.count("HMMA") == 2 * d // 16
-    assert loop.count("LDS") >= d // 4  # the key table, one load per code pair, plus the ring reads
+    from minima_kernels import tile_config
+
+    chunks = tile_config(hq // h, 64, d)["step_chunks"]
+    assert loop.count("HMMA") == chunks * 2 * d // 16
+    assert loop.count("LDS") >= chunks * d // 4  # the key table, one load per code pair, plus the ring reads
 
 
 def _wheel_has(tool: str) -> bool:

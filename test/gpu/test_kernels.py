@@ -66,13 +66,16 @@ def _check(batch, out: torch.Tensor, lse: torch.Tensor, hq: int, d: int, sm_scal
     assert lse_err < LSE_ATOL
 
 
+@pytest.mark.parametrize("overlap_fp8", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int) -> None:
+def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap_fp8: bool) -> None:
     from kv_fixtures import make_batch
 
     # odd fills of the last FP8 page, one request without TQ3 pages, ~75% Stale overall
     batch = make_batch(hq, h, d, p, [1, 3, 2, 1, 2], [9, 0, 5, 13, 1], [1, p - 1, p, 7, 3], seed=hq + p)
-    out, lse = _run_poisoned(_wrapper(hq, h, d, p), batch)
+    wrapper = _wrapper(hq, h, d, p)
+    wrapper.overlap_fp8 = overlap_fp8
+    out, lse = _run_poisoned(wrapper, batch)
     _check(batch, out, lse, hq, d)
 
 
