@@ -46,6 +46,27 @@ def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     _compile(tq3_merge_splits, hq, d)
 
 
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
+def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: int) -> None:
+    # tile_config's steps fit every supported page size: whole pages per step or steps per page
+    # (the kernel refuses warps x step_chunks that is not a multiple of the chunks per page)
+    from minima_kernels import tile_config, tq3_decode_kernel
+    from minima_kernels.decode import key_centroids_fp16
+
+    config = tile_config(hq // h, page, d)
+    src = _compile(tq3_decode_kernel, h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), **config)
+    assert "minima::copy_chunk<" in src
+
+
+def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:
+    from minima_kernels import tq3_decode_kernel
+    from minima_kernels.decode import key_centroids_fp16
+
+    with pytest.raises(ValueError, match="warps=3 x step_chunks=1"):
+        tq3_decode_kernel.get_tir(4, 6, 256, 64, 256**-0.5, key_centroids_fp16(256), warps=3, step_chunks=1)
+
+
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
 def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int) -> None:
     import torch
