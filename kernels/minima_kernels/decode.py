@@ -175,8 +175,7 @@ class MinimaDecodeWrapper:
     def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq])."""
         p = self.tq3_plan
-        q_words = q_rot.contiguous().view(torch.int32)
-        self._tq3_kernel(q_words, tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+        self._split_decode(q_rot.contiguous(), tq3_pages)
         if p.num_splits == 1:
             return p.out_partial.view(p.out.shape), p.lse_partial.view(p.lse.shape)
         self._merge_kernel(p.out_partial, p.lse_partial, p.out, p.lse)
@@ -190,8 +189,19 @@ class MinimaDecodeWrapper:
     def run_glue(self, q: torch.Tensor, rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The two launches around the attention kernels alone (q rotation in; split combine, un-rotation
         and merge out) on the planned buffers, as ``run`` launches them: what they cost."""
+        self._rotate_queries(q, rotation)
+        return self._finish(rotation)
+
+    def _rotate_queries(self, q: torch.Tensor, rotation: torch.Tensor) -> None:
+        self._rotate_kernel(q, rotation, self.tq3_plan.q_rot)
+
+    def _split_decode(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> None:
         p = self.tq3_plan
-        self._rotate_kernel(q, rotation, p.q_rot)
+        self._tq3_kernel(q_rot.view(torch.int32), tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+
+    def _finish(self, rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The epilogue: split combine, un-rotation and merge with the FP8 state into the outputs."""
+        p = self.tq3_plan
         self._epilogue[self._has_fp8](
             p.out_partial, p.lse_partial, rotation, self._fp8_out, self._fp8_lse, self._out, self._lse
         )
@@ -211,27 +221,18 @@ class MinimaDecodeWrapper:
         are the plan's buffers, overwritten by the next run."""
         if q.dtype != self.q_dtype:
             raise ValueError(f"q has dtype {q.dtype}, the wrapper was built for {self.q_dtype}")
-
-        def fp8_attention():
-            self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
-
         if not self._has_tq3:
-            fp8_attention()
-            return self._fp8_out, self._fp8_lse
+            return self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
         main = torch.cuda.current_stream(self.device)
         overlap = self._has_fp8 and self.overlap_fp8
         if overlap:  # independent of the TQ3 part
             self._side_stream.wait_stream(main)
             with torch.cuda.stream(self._side_stream):
-                fp8_attention()
-        p = self.tq3_plan
-        self._rotate_kernel(q, rotation, p.q_rot)
-        self._tq3_kernel(p.q_rot.view(torch.int32), tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+                self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
+        self._rotate_queries(q, rotation)
+        self._split_decode(self.tq3_plan.q_rot, tq3_pages)
         if overlap:
             main.wait_stream(self._side_stream)
         elif self._has_fp8:
-            fp8_attention()
-        self._epilogue[self._has_fp8](
-            p.out_partial, p.lse_partial, rotation, self._fp8_out, self._fp8_lse, self._out, self._lse
-        )
-        return self._out, self._lse
+            self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
+        return self._finish(rotation)

@@ -251,8 +251,8 @@ def tq3_decode_kernel(
     baked in and becomes the CTA's key table. ``step_chunks``: 16-token chunks per softmax step.
 
     Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
-    queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words; page_indptr [batch+1] int32, page_ids [nnz] int32 ->
-    out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2).
+    queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words; page_indptr
+    [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2).
     """
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
@@ -268,6 +268,7 @@ def tq3_decode_kernel(
     head_words = layout.head_code_bytes // 4
     chunk_words = LANES * lane_words
     slot_words = C * 2 * chunk_words  # a ring slot: the step's chunks, each K codes then V codes
+    chunk_meta = 3 * CHUNK_TOKENS  # a chunk's k_norm, v_scale, v_zero (halves) in the metadata ring
     # a warp's part of the ring; after the main loop it holds the warp's output rows for the combine
     warp_words = max(stages * slot_words, G * D)
     k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
@@ -328,7 +329,7 @@ def tq3_decode_kernel(
             meta_cur = T.alloc_local([C * 6], T.float32)  # per chunk: k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
             chunk_ok = T.alloc_local([C], T.int32)
             ring = T.alloc_shared([warps * warp_words], T.uint32)
-            meta_ring = T.alloc_shared([warps * stages * C * 3 * CHUNK_TOKENS], T.float16)
+            meta_ring = T.alloc_shared([warps * stages * C * chunk_meta], T.float16)
             page_next = T.alloc_local([step_pages], T.int32)
             rescale = T.alloc_local([1], T.int32)
 
@@ -364,7 +365,7 @@ def tq3_decode_kernel(
             ) * 2
             ring_at = T.alloc_local([3], T.uint32)  # this lane's first piece in slot 0, its metadata, its key table column
             ring_at[0] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(ring[warp * warp_words + lane * vec]))
-            ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * 3 * CHUNK_TOKENS + lane * 2]))
+            ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * chunk_meta + lane * 2]))
             ring_at[2] = T.call_extern(T.uint32, "minima::table_lane", lane)
 
             for kb in T.unroll(blocks):
@@ -406,7 +407,7 @@ def tq3_decode_kernel(
                                 "handle",
                                 copy_chunk,
                                 ring_at[0] + (slot * slot_words + ci * 2 * chunk_words) * 4,
-                                ring_at[1] + ((slot * C + ci) * 3 * CHUNK_TOKENS) * 2,
+                                ring_at[1] + ((slot * C + ci) * chunk_meta) * 2,
                                 T.address_of(pool_words[page, 0]),
                                 lane_off[0] + (ci % chunks_per_page) * chunk_words * 4,
                                 lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
@@ -425,13 +426,13 @@ def tq3_decode_kernel(
                     T.call_extern("handle", f"minima::cp_async_wait<{stages - 1}>")
                     T.call_extern("handle", "__syncwarp")
                     slot_base = warp * warp_words + (it - stages + 1) % stages * slot_words + lane * lane_words
-                    meta_base = (warp * stages + (it - stages + 1) % stages) * C * 3 * CHUNK_TOKENS
+                    meta_base = (warp * stages + (it - stages + 1) % stages) * C * chunk_meta
                     for ci in T.unroll(C):
                         chunk_ok[ci] = T.Cast(T.int32, (warp + (it - stages + 1) * warps) * C + ci < n_chunks)
                         for j in T.unroll(2):
                             for f in T.unroll(3):
                                 meta_cur[ci * 6 + 2 * f + j] = T.Cast(
-                                    T.float32, meta_ring[meta_base + (ci * 3 + f) * CHUNK_TOKENS + r + 8 * j]
+                                    T.float32, meta_ring[meta_base + ci * chunk_meta + f * CHUNK_TOKENS + r + 8 * j]
                                 )
                             meta_cur[ci * 6 + j] *= scale  # k_norm * sm_scale * log2 e: one factor per score
                             if ragged:  # a missing chunk: no probability mass (its shared memory is stale)
