@@ -30,6 +30,7 @@ from minima_kernels import (
     tq3_to_fp8,
 )
 from minima_kernels.decode import key_centroids_fp16
+from minima_kernels.rotation_merge import MAX_SPLITS
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
 ROOFLINE_TBPS = 4.2
@@ -61,8 +62,11 @@ def bench_ms(fn, graph: bool = True) -> tuple[float, bool]:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), False
 
 
-def flashinfer_decode(workspace, q, k, v, indptr, indices, last, hq, h, d, page, kv_dtype, scales=(None, None)):
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+def flashinfer_decode(
+    workspace, q, k, v, indptr, indices, last, hq, h, d, page, kv_dtype, scales=(None, None), tensor_cores=True
+):
+    """FlashInfer's paged decode as SGLang drives it for FP8 KV (tensor-core kernel) unless told."""
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
     w.plan(indptr, indices, last, hq, h, d, page, q_data_type=q.dtype, kv_data_type=kv_dtype)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
@@ -105,10 +109,14 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     k8 = (torch.randn(n_pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
     v8 = (torch.randn(n_pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
 
-    def flashinfer_fp8():  # a fresh wrapper and plan: Minima's plan overwrites the shared workspace
-        return flashinfer_decode(workspace, gen_q, k8, v8, indptr, perm, last, hq, h, d, PAGE, torch.float8_e4m3fn, (0.5, 0.5))
+    def flashinfer_fp8(tensor_cores=True):  # a fresh wrapper and plan: Minima's plan overwrites the shared workspace
+        return flashinfer_decode(
+            workspace, gen_q, k8, v8, indptr, perm, last, hq, h, d, PAGE, torch.float8_e4m3fn, (0.5, 0.5), tensor_cores
+        )
 
     fp8_ms, fp8_graph = bench_ms(flashinfer_fp8())
+    # FlashInfer's CUDA-core decode kernel (SGLang picks the tensor-core one for FP8 KV): for reference
+    fp8_cuda_cores_ms, _ = bench_ms(flashinfer_fp8(tensor_cores=False))
     base = {
         "geom": geom,
         "batch": batch,
@@ -118,11 +126,12 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
         "bf16_graph": bf16_graph,
         "flashinfer_fp8_ms": fp8_ms,
         "flashinfer_fp8_tbps": bf16_bytes / 2 / fp8_ms / 1e9,
+        "flashinfer_fp8_cuda_cores_ms": fp8_cuda_cores_ms,
         "fp8_graph": fp8_graph,
     }
 
     rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
-    rot = rotation.matrix().to(dev)
+    signs = rotation.signs.to(dev)
     max_tq3 = round(max(STALE) * pages_per_req)
     tq3 = tq3_pool(max(batch * max_tq3, 1), h, d, rotation, dev)
     tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
@@ -147,8 +156,9 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             if n_tq3
             else torch.zeros(batch + 1, dtype=torch.int32)
         )
-        wrapper.plan(fp8_indptr, fp8_ids, torch.full((batch,), PAGE, dtype=torch.int32), tq3_indptr, tq3_ids)
-        mixed = partial(wrapper.run, gen_q, (k8, v8), tq3, rot, k_scale=0.5, v_scale=0.5)
+        plan_args = (fp8_indptr, fp8_ids, torch.full((batch,), PAGE, dtype=torch.int32), tq3_indptr, tq3_ids)
+        wrapper.plan(*plan_args)
+        mixed = partial(wrapper.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)
         mixed_ms, mixed_graph = bench_ms(mixed)
         mixed_bytes = batch * n_fp8 * PAGE * h * d * 2 + batch * n_tq3 * layout.page_bytes
         row = dict(
@@ -161,14 +171,43 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             speedup_vs_fp8=fp8_ms / mixed_ms,
             num_splits=wrapper.tq3_plan.num_splits if n_tq3 else 0,
         )
+        if n_tq3 and n_fp8 and batch <= 8 and frac == STALE[0]:
+            # the split count at small batch: more splits fill the GPU with shorter CTAs, fewer leave
+            # SMs to FlashInfer's concurrent kernel and give the combine less to do
+            chosen = wrapper.tq3_plan.num_splits
+            sweep = {}
+            for splits in sorted({max(1, chosen // 4), max(1, chosen // 2), chosen, min(2 * chosen, n_tq3, MAX_SPLITS)}):
+                wrapper.plan(*plan_args, num_splits=splits)
+                sweep[splits], _ = bench_ms(mixed)
+            row["split_sweep_ms"] = sweep
+            wrapper.plan(*plan_args)
         if n_tq3 and n_fp8:
+            # the FP8 part by each kernel ("auto" above picks one by the batch's FP8 tokens): FlashInfer's
+            # decode + merge, or the TileLang FP8 decode (split partials into the same epilogue)
+            row["fp8_kernel_auto"] = "tilelang" if wrapper.fp8_plan is not None else "flashinfer"
+            for kernel in ("tilelang", "flashinfer"):
+                wrapper.fp8_kernel = kernel
+                wrapper.plan(*plan_args)
+                row[f"minima_{kernel}_fp8_ms"], _ = bench_ms(mixed)
+                row[f"fp8_part_{kernel}_ms"], _ = bench_ms(partial(wrapper.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
+                if kernel == "tilelang":
+                    chosen = row["fp8_tilelang_splits"] = wrapper.fp8_plan.num_splits
+                    if batch <= 8 and frac == STALE[0]:
+                        sweep = {}
+                        for splits in sorted({max(1, chosen // 2), chosen, min(2 * chosen, n_fp8, MAX_SPLITS)}):
+                            wrapper.plan(*plan_args, num_fp8_splits=splits)
+                            sweep[splits], _ = bench_ms(mixed)
+                        row["fp8_split_sweep_ms"] = sweep
             # where the time goes: each part alone, and the same launches on one stream (what the
             # overlap buys)
-            row["fp8_part_ms"], _ = bench_ms(partial(wrapper.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
-            row["glue_ms"], _ = bench_ms(partial(wrapper.run_glue, gen_q, rot))
+            # (FlashInfer for the FP8 part, planned last above)
+            row["fp8_part_ms"] = row["fp8_part_flashinfer_ms"]
+            row["glue_ms"], _ = bench_ms(partial(wrapper.run_glue, gen_q, signs))
             wrapper.overlap_fp8 = False
             row["minima_serial_ms"], _ = bench_ms(mixed)
             wrapper.overlap_fp8 = True
+            wrapper.fp8_kernel = "auto"
+            wrapper.plan(*plan_args)
         if n_tq3:
             q_rot = torch.randn(batch, hq, d, device=dev).to(torch.float16)
             tq3_ms, _ = bench_ms(partial(wrapper.run_tq3, q_rot, tq3))

@@ -10,15 +10,18 @@ import json
 
 def print_markdown(result: dict) -> None:
     """The decode table and the variant table as markdown (docs/results/kernels.md)."""
-    print("| geometry | B | ctx | Stale | FI BF16 ms | FI FP8 ms | Minima ms | x FI FP8 | FI FP8 TB/s | Minima TB/s | TQ3 kernel TB/s | TQ3 % roofline | splits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| geometry | B | ctx | Stale | FI BF16 ms | FI FP8 ms | Minima ms | x FI FP8 | FP8 part by | FI FP8 TB/s | Minima TB/s "
+        "| TQ3 kernel TB/s | TQ3 % roofline | splits |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["decode"]:
         if "skipped" in r:
             continue
         tq3 = f"{r['tq3_kernel_tbps']:.2f} | {100 * r['tq3_roofline_frac']:.1f}%" if "tq3_kernel_tbps" in r else "- | -"
         print(
             f"| {r['geom']} | {r['batch']} | {r['ctx'] // 1024}K | {r['stale']:.2f} | {r['flashinfer_bf16_ms']:.3f} | "
-            f"{r['flashinfer_fp8_ms']:.3f} | {r['minima_ms']:.3f} | {r['speedup_vs_fp8']:.2f} | "
+            f"{r['flashinfer_fp8_ms']:.3f} | {r['minima_ms']:.3f} | {r['speedup_vs_fp8']:.2f} | {r.get('fp8_kernel_auto', '-')} | "
             f"{r['flashinfer_fp8_tbps']:.2f} | {r['minima_tbps']:.2f} | {tq3} | {r['num_splits']} |"
         )
     print()
@@ -36,16 +39,17 @@ def print_markdown(result: dict) -> None:
 def print_breakdown(result: dict, stale: float = 0.75) -> None:
     """Where the mixed decode's time goes at one Stale fraction: each part alone (microseconds)."""
     print(
-        "| geometry | B | ctx | Minima | TQ3 kernel + split combine | FlashInfer over the FP8 pages | glue (rotate q, epilogue) "
-        "| Minima, one stream | FI FP8 all pages, before / after |"
+        "| geometry | B | ctx | Minima (auto) | with FI FP8 part / TileLang FP8 part | TQ3 kernel + split combine "
+        "| FP8 part: FlashInfer / TileLang | glue (rotate q, epilogue) | Minima with FI, one stream | FI FP8 all pages, before / after |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result["decode"]:
         if "skipped" in r or r["stale"] != stale or "fp8_part_ms" not in r:
             continue
         print(
-            f"| {r['geom']} | {r['batch']} | {r['ctx'] // 1024}K | {1e3 * r['minima_ms']:.1f} | {1e3 * r['tq3_kernel_ms']:.1f} | "
-            f"{1e3 * r['fp8_part_ms']:.1f} | {1e3 * r['glue_ms']:.1f} | {1e3 * r['minima_serial_ms']:.1f} | "
+            f"| {r['geom']} | {r['batch']} | {r['ctx'] // 1024}K | {1e3 * r['minima_ms']:.1f} | "
+            f"{1e3 * r['minima_flashinfer_fp8_ms']:.1f} / {1e3 * r['minima_tilelang_fp8_ms']:.1f} | {1e3 * r['tq3_kernel_ms']:.1f} | "
+            f"{1e3 * r['fp8_part_flashinfer_ms']:.1f} / {1e3 * r['fp8_part_tilelang_ms']:.1f} | {1e3 * r['glue_ms']:.1f} | {1e3 * r['minima_serial_ms']:.1f} | "
             f"{1e3 * r['flashinfer_fp8_ms']:.1f} / {1e3 * r['flashinfer_fp8_after_ms']:.1f} |"
         )
 

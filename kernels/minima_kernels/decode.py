@@ -5,9 +5,14 @@ in a CUDA graph with the planned buffers.
 
 Per request, the FP8 pages (Recent + Anchor) and the TQ3 pages (Stale) are two disjoint sets of the
 request's KV; attention is order-free, so each set is attended on its own, giving (out, lse) in base 2.
-The TQ3 part runs in the rotated space. Four launches: q' = R q (``rotate_queries_kernel``), the TQ3
-split decode, FlashInfer over the FP8 pages on a side stream (concurrent with the two before), and
-one epilogue that combines the splits, un-rotates and merges with the FP8 state.
+The TQ3 part runs in the rotated space (the codec's randomized Hadamard rotation, given by its signs).
+Four launches: q' = R q (``rotate_queries_kernel``), the TQ3 split decode, the FP8 part on a side
+stream (concurrent with the two before), and one epilogue that combines the splits, un-rotates and
+merges the two states. The FP8 part is FlashInfer's decode (``fp8_kernel="flashinfer"``, merged state)
+or ``fp8_decode_kernel`` (``"tilelang"``: split partials that the epilogue combines with the TQ3 ones);
+``"auto"`` takes the TileLang kernel for batches with few FP8 tokens, where FlashInfer's fixed cost per
+call (its plan's split kernel and merge launch) dominates, and FlashInfer's otherwise (H200 figures in
+docs/results/kernels.md).
 """
 
 from dataclasses import dataclass
@@ -16,12 +21,20 @@ import flashinfer
 import torch
 from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
+from sglang_minima.codec.rotation import is_power_of_two
 
-from .rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
-from .tq3_decode import tile_config, tq3_decode_kernel, tq3_merge_splits
+from .fp8_decode import fp8_decode_kernel, fp8_tile_config
+from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
+from .tq3_decode import tile_config, tq3_decode_kernel
 
 NUM_SMS_H200 = 132
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
+FP8_KERNELS = ("auto", "flashinfer", "tilelang")
+# "auto": the TileLang FP8 decode up to this many FP8 tokens per kv head in the batch (H200: it was
+# faster at 1-8K such tokens, FlashInfer from 16K)
+TILELANG_FP8_MAX_TOKENS = 8192
+FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
+FP8_MIN_PAGES_PER_SPLIT = 2
 
 
 def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
@@ -48,6 +61,25 @@ def choose_num_splits(
     return max(1, min(want, max_pages // min_pages))
 
 
+def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: int = NUM_SMS_H200) -> int:
+    """Splits per (request, kv head) of the TileLang FP8 decode: about FP8_CTAS_PER_SM CTAs per SM,
+    with at least FP8_MIN_PAGES_PER_SPLIT pages per split."""
+    want = FP8_CTAS_PER_SM * num_sms // (batch * num_kv_heads)
+    return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
+
+
+@dataclass
+class FP8SplitPlan:
+    """Device-side state of the TileLang FP8 part of one plan."""
+
+    page_indptr: torch.Tensor
+    page_ids: torch.Tensor
+    last_page_len: torch.Tensor
+    num_splits: int
+    out_partial: torch.Tensor
+    lse_partial: torch.Tensor
+
+
 @dataclass
 class TQ3Plan:
     """Device-side state of the TQ3 part of one plan (page lists, split buffers)."""
@@ -67,7 +99,12 @@ class MinimaDecodeWrapper:
 
     FP8 pages: ``(k_cache, v_cache)`` each ``[num_fp8_pages, page_size, H, D]`` e4m3 (SGLang's
     ``[slots, H, D]`` buffers viewed per page), per-layer scales. TQ3 pages: ``[num_tq3_pages,
-    page_bytes]`` uint8 TQ3P blocks. Rotation: ``[H, D, D]`` fp32, ``R[h] @ k`` = the codec's rotate.
+    page_bytes]`` uint8 TQ3P blocks. Rotation: its signs ``[H, D]`` fp32 (``LayerRotation.signs``; the
+    head dim is a power of two, so the codec's rotation is the Hadamard one).
+
+    ``fp8_kernel``: the FP8 part's kernel when the batch also has TQ3 pages (a batch without TQ3 pages
+    is FlashInfer's decode alone): "flashinfer", "tilelang" or "auto" (by the batch's FP8 tokens, at
+    ``plan``). ``overlap_fp8``: the FP8 part on a side stream.
     """
 
     def __init__(
@@ -82,9 +119,14 @@ class MinimaDecodeWrapper:
         q_dtype: torch.dtype = torch.bfloat16,
         fp8_page_size: int | None = None,
         overlap_fp8: bool = True,
+        fp8_kernel: str = "auto",
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        if not is_power_of_two(head_dim):
+            raise ValueError(f"head_dim={head_dim}: the TQ3 kernels need a power of two (Hadamard rotation)")
+        if fp8_kernel not in FP8_KERNELS:
+            raise ValueError(f"fp8_kernel={fp8_kernel!r}: one of {FP8_KERNELS}")
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group_size = num_qo_heads // num_kv_heads
         self.page_size = page_size
@@ -109,13 +151,23 @@ class MinimaDecodeWrapper:
             raise ValueError(f"q_dtype must be torch.bfloat16 or torch.float16, got {q_dtype}")
         self._rotate_kernel = rotate_queries_kernel(num_qo_heads, self.group_size, head_dim, dtype)
         self._epilogue = {
-            with_fp8: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, with_fp8, dtype)
-            for with_fp8 in (False, True)
+            state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype) for state in FP8_STATES
         }
+        self._fp8_kernel = fp8_decode_kernel(
+            num_kv_heads,
+            self.group_size,
+            head_dim,
+            self.fp8_page_size,
+            self.sm_scale,
+            dtype,
+            **fp8_tile_config(self.fp8_page_size),
+        )
         self._side_stream = torch.cuda.Stream(self.device)
-        self.overlap_fp8 = overlap_fp8  # FlashInfer on a side stream, concurrent with the TQ3 part
+        self.overlap_fp8 = overlap_fp8  # the FP8 part on a side stream, concurrent with the TQ3 part
+        self.fp8_kernel = fp8_kernel
         self._has_fp8 = self._has_tq3 = False
         self.tq3_plan: TQ3Plan | None = None
+        self.fp8_plan: FP8SplitPlan | None = None
 
     def plan(
         self,
@@ -124,10 +176,15 @@ class MinimaDecodeWrapper:
         fp8_last_page_len: torch.Tensor,
         tq3_indptr: torch.Tensor,
         tq3_page_ids: torch.Tensor,
+        *,
+        num_splits: int | None = None,
+        num_fp8_splits: int | None = None,
     ) -> None:
         """Page lists per request (CSR, int32, host tensors): FP8 pages with the fill of each
         request's last FP8 page, and TQ3 pages (always full). A request may have no pages of one
-        format; every request must have at least one page in total."""
+        format; every request must have at least one page in total. ``num_splits`` / ``num_fp8_splits``:
+        splits per (request, kv head) of the TQ3 part / the TileLang FP8 part (default:
+        ``choose_num_splits`` / ``choose_fp8_splits``)."""
         batch = fp8_indptr.numel() - 1
         if tq3_indptr.numel() - 1 != batch:
             raise ValueError(f"fp8_indptr has {batch} requests, tq3_indptr {tq3_indptr.numel() - 1}")
@@ -139,7 +196,25 @@ class MinimaDecodeWrapper:
         self._has_fp8 = int(fp8_indptr[-1]) > 0
         self._has_tq3 = int(tq3_indptr[-1]) > 0
         dev = self.device
-        if self._has_fp8:
+        self.fp8_plan = None
+        fp8_tokens = int(fp8_indptr[-1]) * self.fp8_page_size
+        use_tilelang = self.fp8_kernel == "tilelang" or (
+            self.fp8_kernel == "auto" and fp8_tokens <= TILELANG_FP8_MAX_TOKENS
+        )
+        if self._has_fp8 and self._has_tq3 and use_tilelang:
+            splits = num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))
+            if not 1 <= splits <= MAX_SPLITS:
+                raise ValueError(f"num_fp8_splits={splits}: the split combine takes 1 to {MAX_SPLITS}")
+            hq, d = self.num_qo_heads, self.head_dim
+            self.fp8_plan = FP8SplitPlan(
+                page_indptr=fp8_indptr.to(dev, torch.int32),
+                page_ids=fp8_page_ids.to(dev, torch.int32),
+                last_page_len=fp8_last_page_len.to(dev, torch.int32),
+                num_splits=splits,
+                out_partial=torch.empty(batch, hq, splits, d, device=dev, dtype=torch.float32),
+                lse_partial=torch.empty(batch, hq, splits, device=dev, dtype=torch.float32),
+            )
+        elif self._has_fp8:
             self._fp8.plan(
                 fp8_indptr.to(dev, torch.int32),
                 fp8_page_ids.to(dev, torch.int32),
@@ -155,7 +230,11 @@ class MinimaDecodeWrapper:
         self.tq3_plan = None
         hq, d = self.num_qo_heads, self.head_dim
         if self._has_tq3:
-            splits = choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim)
+            splits = num_splits or choose_num_splits(
+                batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim
+            )
+            if not 1 <= splits <= MAX_SPLITS:
+                raise ValueError(f"num_splits={splits}: the split combine takes 1 to {MAX_SPLITS}")
             f32 = {"device": dev, "dtype": torch.float32}
             self.tq3_plan = TQ3Plan(
                 page_indptr=tq3_indptr.to(dev, torch.int32),
@@ -182,29 +261,46 @@ class MinimaDecodeWrapper:
         return p.out, p.lse
 
     def run_fp8(self, q: torch.Tensor, fp8_kv_cache, *, k_scale=None, v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """FP8 part alone: FlashInfer over the planned FP8 pages -> (out [B, Hq, D], lse [B, Hq] base 2)."""
-        self._fp8.run(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True)
-        return self._fp8_out, self._fp8_lse
+        """FP8 part alone over the planned FP8 pages: FlashInfer's state (out [B, Hq, D], lse [B, Hq]
+        base 2), or with the TileLang kernel its split partials ([B, Hq, S8, D] fp32, [B, Hq, S8])."""
+        p = self.fp8_plan
+        if p is None:
+            self._fp8.run(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True)
+            return self._fp8_out, self._fp8_lse
+        k_cache, v_cache = fp8_kv_cache
+        self._fp8_kernel(
+            q,
+            k_cache,
+            v_cache,
+            p.page_indptr,
+            p.page_ids,
+            p.last_page_len,
+            1.0 if k_scale is None else float(k_scale),
+            1.0 if v_scale is None else float(v_scale),
+            p.out_partial,
+            p.lse_partial,
+        )
+        return p.out_partial, p.lse_partial
 
-    def run_glue(self, q: torch.Tensor, rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_glue(self, q: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The two launches around the attention kernels alone (q rotation in; split combine, un-rotation
         and merge out) on the planned buffers, as ``run`` launches them: what they cost."""
-        self._rotate_queries(q, rotation)
-        return self._finish(rotation)
+        self._rotate_queries(q, signs)
+        return self._finish(signs)
 
-    def _rotate_queries(self, q: torch.Tensor, rotation: torch.Tensor) -> None:
-        self._rotate_kernel(q, rotation, self.tq3_plan.q_rot)
+    def _rotate_queries(self, q: torch.Tensor, signs: torch.Tensor) -> None:
+        self._rotate_kernel(q, signs, self.tq3_plan.q_rot)
 
     def _split_decode(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> None:
         p = self.tq3_plan
         self._tq3_kernel(q_rot.view(torch.int32), tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
 
-    def _finish(self, rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _finish(self, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The epilogue: split combine, un-rotation and merge with the FP8 state into the outputs."""
-        p = self.tq3_plan
-        self._epilogue[self._has_fp8](
-            p.out_partial, p.lse_partial, rotation, self._fp8_out, self._fp8_lse, self._out, self._lse
-        )
+        p, f = self.tq3_plan, self.fp8_plan
+        state = "splits" if f is not None else "merged" if self._has_fp8 else "none"
+        fp8_out, fp8_lse = (f.out_partial, f.lse_partial) if f is not None else (self._fp8_out, self._fp8_lse)
+        self._epilogue[state](p.out_partial, p.lse_partial, signs, fp8_out, fp8_lse, self._out, self._lse)
         return self._out, self._lse
 
     def run(
@@ -212,7 +308,7 @@ class MinimaDecodeWrapper:
         q: torch.Tensor,
         fp8_kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
         tq3_pages: torch.Tensor | None,
-        rotation: torch.Tensor,
+        signs: torch.Tensor,
         *,
         k_scale: float | None = None,
         v_scale: float | None = None,
@@ -229,10 +325,10 @@ class MinimaDecodeWrapper:
             self._side_stream.wait_stream(main)
             with torch.cuda.stream(self._side_stream):
                 self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
-        self._rotate_queries(q, rotation)
+        self._rotate_queries(q, signs)
         self._split_decode(self.tq3_plan.q_rot, tq3_pages)
         if overlap:
             main.wait_stream(self._side_stream)
         elif self._has_fp8:
             self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
-        return self._finish(rotation)
+        return self._finish(signs)

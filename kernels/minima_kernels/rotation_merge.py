@@ -1,160 +1,236 @@
-"""The two small kernels around the TQ3 split decode: rotate the queries in, and in one pass combine
-the splits, rotate the output back and merge it with the FP8 pages' state.
+"""The small kernels around the TQ3 split decode: rotate the queries in, and in one pass combine the
+splits, rotate the output back and merge it with the FP8 pages' state (or only combine the splits,
+``tq3_merge_splits``, for the TQ3 part alone).
 
 Without them the mixed decode costs eight launches of glue (permutes, batched matmuls, casts, the
 split combine, ``merge_state``) on top of the two attention kernels; at small batch those launches
-cost more than the attention itself. Rotations are dense ``[H, D, D]`` fp32 matrices (``R[h] @ k`` is
-the codec's rotate), so any head dim works. Both kernels move a few KB per request and are bound by
-latency, not bytes: a CTA per (kv head, request, 32 rows or dims) serves the whole GQA group, and each
-warp issues all its loads of R before it uses the first (one CTA per (kv head, request) looping over
-all D rows took 12-44 us per decode step on the H200: docs/results/kernels.md).
+cost more than the attention itself. The rotation is the codec's randomized Hadamard transform
+(``codec/rotation.py``: R = H_d diag(signs) / sqrt(d)), applied as a fast Walsh-Hadamard transform with
+the codec's butterfly order, so the kernels read D signs per head instead of a D x D matrix: one CTA
+per (query head, request), one thread per dim, butterflies of distance < 32 by warp shuffles and the
+rest through shared memory (1-3 barriers). Built without FMA contraction, the rotation gives the
+codec's fp32 bits (dense-matrix kernels took 12-44 us per decode step on the H200, bound by the
+latency of their loads of R and of a serial split loop: docs/results/kernels.md).
+
+The split combine is bound by the latency of its loads too (up to hundreds of splits at batch 1): the
+CTA's threads share the splits' LSEs (one load each, block reductions for the max and the sum of the
+weights, the weights kept in shared memory) and the partial outputs (``256 / D`` groups of threads,
+one per dim, each over every ``groups``-th split, 8 loads in flight).
 """
+
+import math
 
 import tilelang
 import tilelang.language as T
+import torch
+
+from .convert import EXACT_FP32, _log2
+
+WARP_BUTTERFLIES = 5  # stages h = 1 .. 16 stay inside a warp (shuffles)
+THREADS = 256  # per combine CTA: 256 / D groups of D threads
+MAX_SPLITS = 1024  # the combine keeps one weight per split in shared memory (4 KB)
 
 
-BLOCK = 32  # rows of R (rotation) or output dims (epilogue) per CTA
-WARPS = 8
+def _inv_sqrt_d(head_dim: int) -> float:
+    """fp32(1/sqrt(d)): the one multiply of the codec's Hadamard path."""
+    return float(torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32))
 
 
-@tilelang.jit
+@T.macro
+def _fwht_threads(x, buf, d, log_dim: int):
+    """x[0] of thread d <- element d of the unnormalized Walsh-Hadamard transform of the CTA's D values
+    (one per thread), stages h = 1, 2, 4, ... as the codec: (a, b) -> (a + b, a - b), a at the lower
+    index. buf: shared [2, D] fp32, double-buffered so that each shared stage needs one barrier."""
+    for s in T.unroll(min(log_dim, WARP_BUTTERFLIES)):
+        other = T.shfl_xor(x[0], T.shift_left(1, s))
+        x[0] = T.if_then_else(T.bitwise_and(d, T.shift_left(1, s)) != 0, other - x[0], x[0] + other)
+    for s in T.unroll(WARP_BUTTERFLIES, log_dim):
+        buf[s % 2, d] = x[0]
+        T.sync_threads()
+        other = buf[s % 2, T.bitwise_xor(d, T.shift_left(1, s))]
+        x[0] = T.if_then_else(T.bitwise_and(d, T.shift_left(1, s)) != 0, other - x[0], x[0] + other)
+
+
+@tilelang.jit(pass_configs=EXACT_FP32)
 def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dtype: str = "bfloat16"):
-    """q [batch, Hq, D] (``dtype``) -> q' = R[h] q [batch, Hq, D] fp16 (h = head // group_size).
-
-    One CTA per (kv head, request, 32 rows of R) rotates the G query heads of the group: each warp
-    reads its 4 rows with its 32 lanes (coalesced) and computes G dot products per row, reduced across
-    lanes with shuffles. The kernel moves a few KB and is bound by latency: all of a warp's loads of R
-    are issued before the first is used, and the grid has D / 32 CTAs per request and kv head."""
+    """q [batch, Hq, D] (``dtype``), signs [Hq / G, D] fp32 (+-1) -> q' = R q [batch, Hq, D] fp16, the
+    codec's ``rotate`` (fp32, bit for bit) rounded to fp16. One CTA per (query head, request)."""
     D, G = head_dim, group_size
-    if D % BLOCK:
-        raise ValueError(f"head_dim={D} must be a multiple of {BLOCK}")
-    rows = BLOCK // WARPS
-    per_lane = D // 32
+    log_d = _log2(D)
+    inv_sqrt_d = _inv_sqrt_d(D)
     batch = T.dynamic("batch")
 
     @T.prim_func
     def rotate_queries(
         q: T.Tensor([batch, num_qo_heads, D], dtype),
-        rotation: T.Tensor([num_qo_heads // group_size, D, D], T.float32),
+        signs: T.Tensor([num_qo_heads // group_size, D], T.float32),
         q_rot: T.Tensor([batch, num_qo_heads, D], T.float16),
     ):
-        with T.Kernel(num_qo_heads // group_size, batch, D // BLOCK, threads=32 * WARPS) as (hk, b, blk):
-            tid = T.get_thread_binding()
-            lane = tid % 32
-            warp = tid // 32
-            q_local = T.alloc_local([G * per_lane], T.float32)
-            r_local = T.alloc_local([rows * per_lane], T.float32)
-            acc = T.alloc_local([1], T.float32)
-            for k in T.unroll(rows):
-                for e in T.unroll(per_lane):
-                    r_local[k * per_lane + e] = rotation[hk, blk * BLOCK + warp * rows + k, e * 32 + lane]
-            for g in T.unroll(G):
-                for e in T.unroll(per_lane):
-                    q_local[g * per_lane + e] = T.Cast(T.float32, q[b, hk * G + g, e * 32 + lane])
-            for k in T.unroll(rows):
-                for g in T.unroll(G):
-                    acc[0] = 0
-                    for e in T.unroll(per_lane):
-                        acc[0] += r_local[k * per_lane + e] * q_local[g * per_lane + e]
-                    for off in T.unroll(5):
-                        acc[0] += T.shfl_xor(acc[0], 16 // (1 << off))
-                    if lane == 0:
-                        q_rot[b, hk * G + g, blk * BLOCK + warp * rows + k] = T.Cast(T.float16, acc[0])
+        with T.Kernel(num_qo_heads, batch, threads=D) as (h, b):
+            d = T.get_thread_binding()
+            x = T.alloc_local([1], T.float32)
+            buf = T.alloc_shared([2, D], T.float32)
+            x[0] = T.Cast(T.float32, q[b, h, d]) * signs[h // G, d]
+            _fwht_threads(x, buf, d, log_d)
+            q_rot[b, h, d] = T.Cast(T.float16, x[0] * T.float32(inv_sqrt_d))
 
     return rotate_queries
 
 
-@tilelang.jit
-def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, with_fp8: bool, dtype: str = "bfloat16"):
-    """Split partials of the TQ3 pages (rotated space) -> final output, merged with the FP8 state.
+@T.macro
+def _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, head_dim: int, x, lse_t, w_s, red_s, part_s):
+    """x[0] <- dim tid % D of head h's output combined over its splits (rotated space), lse_t[0] <- its
+    LSE (base 2); every thread of the CTA gets its dim's value. All splits -inf -> x 0, lse -inf.
+    w_s: shared [MAX_SPLITS] (the splits' weights), red_s: shared [2, THREADS / 32] (the warps' max and
+    sum), part_s: shared [THREADS / D, D] (the groups' partial sums)."""
+    groups = THREADS // head_dim
+    m = T.alloc_local([1], T.float32)
+    den = T.alloc_local([1], T.float32)
+    num = T.alloc_local([1], T.float32)
+    m[0] = -T.infinity(T.float32)
+    for i in T.unroll(MAX_SPLITS // THREADS):
+        if i * THREADS + tid < num_splits:
+            w_s[i * THREADS + tid] = lse_partial[b, h, i * THREADS + tid]
+            m[0] = T.max(m[0], w_s[i * THREADS + tid])
+    for off in T.unroll(WARP_BUTTERFLIES):
+        m[0] = T.max(m[0], T.shfl_xor(m[0], T.shift_left(1, off)))
+    red_s[0, tid // 32] = m[0]
+    T.sync_threads()
+    for w in T.unroll(THREADS // 32):
+        m[0] = T.max(m[0], red_s[0, w])
+    den[0] = 0
+    for i in T.unroll(MAX_SPLITS // THREADS):
+        if i * THREADS + tid < num_splits:  # m = -inf: every split is empty, weight 0
+            w_s[i * THREADS + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_s[i * THREADS + tid] - m[0]), 0)
+            den[0] += w_s[i * THREADS + tid]
+    for off in T.unroll(WARP_BUTTERFLIES):
+        den[0] += T.shfl_xor(den[0], T.shift_left(1, off))
+    red_s[1, tid // 32] = den[0]
+    T.sync_threads()
+    den[0] = 0
+    for w in T.unroll(THREADS // 32):
+        den[0] += red_s[1, w]
+    num[0] = 0
+    for i in T.unroll(T.ceildiv(num_splits, groups), unroll_factor=8):
+        s = i * groups + tid // head_dim
+        if s < num_splits:
+            num[0] += w_s[s] * out_partial[b, h, s, tid % head_dim]
+    part_s[tid // head_dim, tid % head_dim] = num[0]
+    T.sync_threads()
+    x[0] = 0
+    for g in T.unroll(groups):
+        x[0] += part_s[g, tid % head_dim]
+    x[0] = T.if_then_else(den[0] > 0, x[0] / den[0], T.float32(0))
+    lse_t[0] = T.if_then_else(den[0] > 0, T.log2(den[0]) + m[0], -T.infinity(T.float32))
 
-    out_partial [batch, Hq, S, D] fp32, lse_partial [batch, Hq, S] (base 2), rotation [H, D, D];
-    with_fp8: fp8_out [batch, Hq, D] and fp8_lse [batch, Hq] (base 2, FlashInfer's) -> out [batch, Hq, D],
-    lse [batch, Hq] (base 2); outputs in ``dtype``. A request without TQ3 pages (all splits -inf) takes
-    the FP8 state as is; with_fp8 False (no FP8 page in the batch) takes the TQ3 state alone and
-    ignores fp8_out / fp8_lse.
 
-    One CTA per (kv head, request, 32 output dims) handles the group's G query heads: it combines the
-    splits of all G x D rotated outputs into shared memory, then out_i = sum_j R[j, i] out'_j for its
-    32 dims i, each warp over D / 8 rows j (lane = i: consecutive lanes read consecutive words, all of
-    a warp's loads issued before the first is used), and the warps' sums meet in shared memory."""
-    D, G = head_dim, group_size
-    if D % BLOCK:
-        raise ValueError(f"head_dim={D} must be a multiple of {BLOCK}")
-    rows = D // WARPS
-    threads = 32 * WARPS
+def _check_combine_dims(head_dim: int) -> None:
+    if THREADS % head_dim or head_dim < 32:
+        raise ValueError(f"head_dim={head_dim}: the split combine wants a power of two from 32 to {THREADS}")
+
+
+@tilelang.jit(pass_configs=EXACT_FP32)
+def tq3_merge_splits(num_heads: int, head_dim: int):
+    """Combine split partials: out_partial [batch, heads, S, D] fp32, lse_partial [batch, heads, S]
+    (base 2) -> out [batch, heads, D] fp32, lse [batch, heads] (base 2). All -inf -> out 0, lse -inf.
+    S <= MAX_SPLITS."""
+    D = head_dim
+    _check_combine_dims(D)
     batch, num_splits = T.dynamic("batch, num_splits")
+
+    @T.prim_func
+    def merge_splits(
+        out_partial: T.Tensor([batch, num_heads, num_splits, D], T.float32),
+        lse_partial: T.Tensor([batch, num_heads, num_splits], T.float32),
+        out: T.Tensor([batch, num_heads, D], T.float32),
+        lse: T.Tensor([batch, num_heads], T.float32),
+    ):
+        with T.Kernel(num_heads, batch, threads=THREADS) as (h, b):
+            tid = T.get_thread_binding()
+            w_s = T.alloc_shared([MAX_SPLITS], T.float32)
+            red_s = T.alloc_shared([2, THREADS // 32], T.float32)
+            part_s = T.alloc_shared([THREADS // D, D], T.float32)
+            x = T.alloc_local([1], T.float32)
+            lse_t = T.alloc_local([1], T.float32)
+            _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, D, x, lse_t, w_s, red_s, part_s)
+            if tid < D:
+                out[b, h, tid] = x[0]
+                if tid == 0:
+                    lse[b, h] = lse_t[0]
+
+    return merge_splits
+
+
+FP8_STATES = ("none", "merged", "splits")
+
+
+@tilelang.jit(pass_configs=EXACT_FP32)
+def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8_state: str, dtype: str = "bfloat16"):
+    """Split partials of the TQ3 pages (rotated space) -> final output, merged with the FP8 pages' state.
+
+    out_partial [batch, Hq, S, D] fp32 (S <= MAX_SPLITS), lse_partial [batch, Hq, S] (base 2), signs
+    [Hq / G, D]; the FP8 state by ``fp8_state``: "merged" (FlashInfer's): fp8_out [batch, Hq, D]
+    (``dtype``), fp8_lse [batch, Hq]; "splits" (``fp8_decode_kernel``'s): fp8_out [batch, Hq, S8, D]
+    fp32, fp8_lse [batch, Hq, S8]; "none" (no FP8 page in the batch): as "merged", not read. -> out
+    [batch, Hq, D] (``dtype``), lse [batch, Hq] (base 2). A request without pages of one format takes
+    the other's state as is (its splits are all -inf).
+
+    One CTA per (query head, request): the split combine(s), then the un-rotation of the TQ3 state
+    (codec ``unrotate``: FWHT, 1/sqrt(d), signs; every group of D threads transforms its own copy, so
+    all threads reach the barriers) and the merge, written by the first group."""
+    if fp8_state not in FP8_STATES:
+        raise ValueError(f"fp8_state={fp8_state!r}: one of {FP8_STATES}")
+    D, G = head_dim, group_size
+    _check_combine_dims(D)
+    log_d = _log2(D)
+    inv_sqrt_d = _inv_sqrt_d(D)
+    batch, num_splits, num_fp8_splits = T.dynamic("batch, num_splits, num_fp8_splits")
     neg_inf = -T.infinity(T.float32)
+    fp8_splits = fp8_state == "splits"
+    fp8_out_shape = [batch, num_qo_heads, num_fp8_splits, D] if fp8_splits else [batch, num_qo_heads, D]
+    fp8_lse_shape = [batch, num_qo_heads, num_fp8_splits] if fp8_splits else [batch, num_qo_heads]
+    fp8_out_dtype = T.float32 if fp8_splits else dtype
 
     @T.prim_func
     def mixed_epilogue(
         out_partial: T.Tensor([batch, num_qo_heads, num_splits, D], T.float32),
         lse_partial: T.Tensor([batch, num_qo_heads, num_splits], T.float32),
-        rotation: T.Tensor([num_qo_heads // group_size, D, D], T.float32),
-        fp8_out: T.Tensor([batch, num_qo_heads, D], dtype),
-        fp8_lse: T.Tensor([batch, num_qo_heads], T.float32),
+        signs: T.Tensor([num_qo_heads // group_size, D], T.float32),
+        fp8_out: T.Tensor(fp8_out_shape, fp8_out_dtype),
+        fp8_lse: T.Tensor(fp8_lse_shape, T.float32),
         out: T.Tensor([batch, num_qo_heads, D], dtype),
         lse: T.Tensor([batch, num_qo_heads], T.float32),
     ):
-        with T.Kernel(num_qo_heads // group_size, batch, D // BLOCK, threads=threads) as (hk, b, blk):
+        with T.Kernel(num_qo_heads, batch, threads=THREADS) as (h, b):
             tid = T.get_thread_binding()
-            lane = tid % 32
-            warp = tid // 32
-            o_rot = T.alloc_shared([G, D], T.float32)
-            lse_s = T.alloc_shared([G], T.float32)
-            o_part = T.alloc_shared([WARPS, G, BLOCK], T.float32)
-            r_local = T.alloc_local([rows], T.float32)
-            acc = T.alloc_local([G], T.float32)
-            m = T.alloc_local([1], T.float32)
-            den = T.alloc_local([1], T.float32)
-            num = T.alloc_local([1], T.float32)
-            i = blk * BLOCK + lane
-            for jj in T.unroll(rows):  # issued first: their latency overlaps the split combine
-                r_local[jj] = rotation[hk, warp * rows + jj, i]
-            for e in T.serial(T.ceildiv(G * D, threads)):
-                idx = e * threads + tid
-                if idx < G * D:
-                    g = idx // D
-                    d = idx % D
-                    h = hk * G + g
-                    m[0] = neg_inf
-                    for s in T.unroll(num_splits, unroll_factor=8):
-                        m[0] = T.max(m[0], lse_partial[b, h, s])
-                    den[0] = 0
-                    num[0] = 0
-                    if m[0] > neg_inf:
-                        for s in T.unroll(num_splits, unroll_factor=8):
-                            w = T.exp2(lse_partial[b, h, s] - m[0])
-                            den[0] += w
-                            num[0] += w * out_partial[b, h, s, d]
-                    o_rot[g, d] = T.if_then_else(den[0] > 0, num[0] / den[0], T.float32(0))
+            d = tid % D
+            w_s = T.alloc_shared([MAX_SPLITS], T.float32)
+            red_s = T.alloc_shared([2, THREADS // 32], T.float32)
+            part_s = T.alloc_shared([THREADS // D, D], T.float32)
+            buf = T.alloc_shared([2, THREADS], T.float32)
+            x = T.alloc_local([1], T.float32)
+            lse_t = T.alloc_local([1], T.float32)
+            x_f = T.alloc_local([1], T.float32)
+            lse_f = T.alloc_local([1], T.float32)
+            _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, D, x, lse_t, w_s, red_s, part_s)
+            if fp8_splits:
+                _combine_splits(fp8_out, fp8_lse, b, h, num_fp8_splits, tid, D, x_f, lse_f, w_s, red_s, part_s)
+            _fwht_threads(x, buf, tid, log_d)  # butterflies of distance < D stay in the group of tid
+            x[0] = x[0] * T.float32(inv_sqrt_d) * signs[h // G, d]
+            if tid < D:
+                if fp8_state == "none":
+                    out[b, h, d] = T.Cast(dtype, x[0])
                     if d == 0:
-                        lse_s[g] = T.if_then_else(den[0] > 0, T.log2(den[0]) + m[0], neg_inf)
-            T.sync_threads()
-            for g in T.unroll(G):  # out = R^T out', this warp's rows of R
-                acc[g] = 0
-                for jj in T.unroll(rows):
-                    acc[g] += r_local[jj] * o_rot[g, warp * rows + jj]
-                o_part[warp, g, lane] = acc[g]
-            T.sync_threads()
-            if warp == 0:
-                for g in T.unroll(G):
-                    h = hk * G + g
-                    for w in T.unroll(1, WARPS):
-                        acc[g] += o_part[w, g, lane]
-                    lse_t = lse_s[g]
-                    if with_fp8:
-                        lse_f = fp8_lse[b, h]
-                        top = T.max(lse_t, lse_f)
-                        w_t = T.if_then_else(lse_t > neg_inf, T.exp2(lse_t - top), T.float32(0))
-                        w_f = T.exp2(lse_f - top)
-                        out[b, h, i] = T.Cast(dtype, (w_t * acc[g] + w_f * T.Cast(T.float32, fp8_out[b, h, i])) / (w_t + w_f))
-                        if blk == 0 and lane == 0:
-                            lse[b, h] = top + T.log2(w_t + w_f)
-                    else:
-                        out[b, h, i] = T.Cast(dtype, acc[g])
-                        if blk == 0 and lane == 0:
-                            lse[b, h] = lse_t
+                        lse[b, h] = lse_t[0]
+                else:
+                    if not fp8_splits:
+                        x_f[0] = T.Cast(T.float32, fp8_out[b, h, d])
+                        lse_f[0] = fp8_lse[b, h]
+                    top = T.max(lse_t[0], lse_f[0])
+                    w_t = T.if_then_else(lse_t[0] > neg_inf, T.exp2(lse_t[0] - top), T.float32(0))
+                    w_f = T.if_then_else(lse_f[0] > neg_inf, T.exp2(lse_f[0] - top), T.float32(0))
+                    out[b, h, d] = T.Cast(dtype, (w_t * x[0] + w_f * x_f[0]) / (w_t + w_f))
+                    if d == 0:
+                        lse[b, h] = top + T.log2(w_t + w_f)
 
     return mixed_epilogue

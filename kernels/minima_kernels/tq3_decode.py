@@ -1,4 +1,4 @@
-"""TQ3 paged split-KV decode attention in TileLang, and the split combine.
+"""TQ3 paged split-KV decode attention in TileLang.
 
 One CTA = (split, kv head, request), ``warps`` warps (``tile_config``). The CTA's share of the
 request's TQ3 pages (CSR: ``page_indptr`` / ``page_ids``) is cut into 16-token chunks (one MMA tile),
@@ -30,7 +30,8 @@ per token after the GEMM. The probabilities move from the scores' accumulator la
 operand of the value GEMM with ``movmatrix``. Softmax is base 2 (``ex2.approx.ftz``); each split
 writes its partial output (rotated space, fp32) and LSE (base 2); a split with no page writes out =
 0, lse = -inf. The warps' output rows meet in their own parts of the ring (free after the loop), and
-``tq3_merge_splits`` combines the splits.
+``rotation_merge.tq3_merge_splits`` (or the mixed
+decode's epilogue) combines the splits.
 """
 
 import numpy as np
@@ -572,47 +573,6 @@ def tq3_decode_kernel(
                         )
 
     return tq3_decode
-
-
-@tilelang.jit
-def tq3_merge_splits(num_heads: int, head_dim: int):
-    """Combine split partials: out_partial [batch, heads, S, D] fp32, lse_partial [batch, heads, S]
-    (base 2) -> out [batch, heads, D] fp32, lse [batch, heads] (base 2). All -inf -> out 0, lse -inf."""
-    D = head_dim
-    batch, num_splits = T.dynamic("batch, num_splits")
-    neg_inf = -T.infinity(T.float32)
-
-    @T.prim_func
-    def merge_splits(
-        out_partial: T.Tensor([batch, num_heads, num_splits, D], T.float32),
-        lse_partial: T.Tensor([batch, num_heads, num_splits], T.float32),
-        out: T.Tensor([batch, num_heads, D], T.float32),
-        lse: T.Tensor([batch, num_heads], T.float32),
-    ):
-        with T.Kernel(num_heads, batch, threads=D) as (h, b):
-            tx = T.get_thread_binding()
-            lse_max = T.alloc_local([1], T.float32)
-            denom = T.alloc_local([1], T.float32)
-            acc = T.alloc_local([1], T.float32)
-            lse_max[0] = neg_inf
-            for s in T.serial(num_splits):
-                lse_max[0] = T.max(lse_max[0], lse_partial[b, h, s])
-            denom[0] = 0
-            acc[0] = 0
-            if lse_max[0] > neg_inf:
-                for s in T.serial(num_splits):
-                    w = T.exp2(lse_partial[b, h, s] - lse_max[0])
-                    denom[0] += w
-                    acc[0] += w * out_partial[b, h, s, tx]
-                out[b, h, tx] = acc[0] / denom[0]
-                if tx == 0:
-                    lse[b, h] = T.log2(denom[0]) + lse_max[0]
-            else:
-                out[b, h, tx] = 0
-                if tx == 0:
-                    lse[b, h] = neg_inf
-
-    return merge_splits
 
 
 def tile_config(group_size: int, page_size: int, head_dim: int = 128) -> dict[str, int]:

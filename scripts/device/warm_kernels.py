@@ -15,7 +15,8 @@ import flashinfer
 import torch
 from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
 from minima_kernels.decode import key_centroids_fp16
-from minima_kernels.rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel
+from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
+from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 from sglang_minima.codec import tq3_codebook
 
 TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
@@ -40,11 +41,15 @@ def tilelang_jobs(decode_only: bool):
         )
         yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
         yield f"rotate q {hq}/{h}/{d}", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "bfloat16")
-        for with_fp8 in (False, True):
+        for state in FP8_STATES:
             yield (
-                f"epilogue {hq}/{h}/{d} fp8={with_fp8}",
-                lambda hq=hq, g=g, d=d, f=with_fp8: mixed_epilogue_kernel(hq, g, d, f, "bfloat16"),
+                f"epilogue {hq}/{h}/{d} fp8={state}",
+                lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "bfloat16"),
             )
+        yield (
+            f"fp8 decode {hq}/{h}/{d}/p{p}",
+            lambda h=h, g=g, d=d, p=p: fp8_decode_kernel(h, g, d, p, d**-0.5, "bfloat16", **fp8_tile_config(p)),
+        )
         if not decode_only:
             yield (
                 f"fp8_to_tq3 {h}/{d}/p{p}",
@@ -75,10 +80,10 @@ def variant_jobs():
 def flashinfer_jobs():
     workspace = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     for hq, h, d, _ in BENCH_GEOMETRIES:
-        for dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        for dtype, tensor_cores in ((torch.float8_e4m3fn, True), (torch.bfloat16, True), (torch.float8_e4m3fn, False)):
 
-            def build(hq=hq, h=h, d=d, dtype=dtype):
-                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+            def build(hq=hq, h=h, d=d, dtype=dtype, tensor_cores=tensor_cores):
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
                 indptr = torch.tensor([0, 2], dtype=torch.int32, device="cuda")
                 w.plan(
                     indptr,
@@ -95,7 +100,7 @@ def flashinfer_jobs():
                 w.run(torch.randn(1, hq, d, device="cuda").to(torch.bfloat16), (kv, kv), return_lse=True)
                 torch.cuda.synchronize()
 
-            yield f"flashinfer {hq}/{h}/{d} {dtype}", build
+            yield f"flashinfer {hq}/{h}/{d} {dtype} tensor_cores={tensor_cores}", build
 
 
 def main() -> int:

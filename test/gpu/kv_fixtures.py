@@ -132,6 +132,13 @@ def make_batch(
     fp8_indptr = torch.tensor([0] + fp8_pages_per_req, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     tq3_indptr = torch.tensor([0] + tq3_pages_per_req, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     q = torch.randn(len(fp8_pages_per_req), num_qo_heads, head_dim, generator=gen, device=device).to(torch.bfloat16)
+    # the slots past each request's last token hold e4m3 448 (0x7E, the largest finite value): a kernel
+    # that let them into the softmax would be far off
+    for b, n in enumerate(last_page_len):
+        if fp8_pages_per_req[b]:
+            last = int(fp8_perm[int(fp8_indptr[b + 1]) - 1])
+            k_fp8[last, n:] = 0x7E
+            v_fp8[last, n:] = 0x7E
     return MixedBatch(
         q=q,
         k_fp8=k_fp8,

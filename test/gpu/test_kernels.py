@@ -5,6 +5,8 @@ TQ3 pages, all-FP8 and all-TQ3 batches; the kernels' own buffers are NaN-poisone
 Conversion: FP8 -> TQ3 and TQ3 -> FP8 bytes must equal the torch codec's, on poisoned destinations.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -26,28 +28,28 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def _wrapper(hq: int, h: int, d: int, p: int):
+def _wrapper(hq: int, h: int, d: int, p: int, fp8_kernel: str = "flashinfer"):
     from minima_kernels import MinimaDecodeWrapper
 
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    return MinimaDecodeWrapper(workspace, hq, h, d, p)
+    return MinimaDecodeWrapper(workspace, hq, h, d, p, fp8_kernel=fp8_kernel)
 
 
 def _run_poisoned(wrapper, batch) -> tuple[torch.Tensor, torch.Tensor]:
     wrapper.plan(*batch.plan_args())
+    bufs = []
     if wrapper.tq3_plan is not None:
-        for buf in (
-            wrapper.tq3_plan.out_partial,
-            wrapper.tq3_plan.lse_partial,
-            wrapper.tq3_plan.out,
-            wrapper.tq3_plan.lse,
-        ):
-            buf.fill_(float("nan"))
+        p = wrapper.tq3_plan
+        bufs += [p.out_partial, p.lse_partial, p.out, p.lse]
+    if wrapper.fp8_plan is not None:
+        bufs += [wrapper.fp8_plan.out_partial, wrapper.fp8_plan.lse_partial]
+    for buf in bufs:
+        buf.fill_(float("nan"))
     out, lse = wrapper.run(
         batch.q,
         (batch.k_fp8.view(torch.float8_e4m3fn), batch.v_fp8.view(torch.float8_e4m3fn)),
         batch.tq3_pages,
-        batch.rotation.matrix().cuda(),
+        batch.rotation.signs.cuda(),
         k_scale=batch.k_scale,
         v_scale=batch.v_scale,
     )
@@ -66,14 +68,15 @@ def _check(batch, out: torch.Tensor, lse: torch.Tensor, hq: int, d: int, sm_scal
     assert lse_err < LSE_ATOL
 
 
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
 @pytest.mark.parametrize("overlap_fp8", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap_fp8: bool) -> None:
+def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap_fp8: bool, fp8_kernel: str) -> None:
     from kv_fixtures import make_batch
 
     # odd fills of the last FP8 page, one request without TQ3 pages, ~75% Stale overall
     batch = make_batch(hq, h, d, p, [1, 3, 2, 1, 2], [9, 0, 5, 13, 1], [1, p - 1, p, 7, 3], seed=hq + p)
-    wrapper = _wrapper(hq, h, d, p)
+    wrapper = _wrapper(hq, h, d, p, fp8_kernel)
     wrapper.overlap_fp8 = overlap_fp8
     out, lse = _run_poisoned(wrapper, batch)
     _check(batch, out, lse, hq, d)
@@ -90,12 +93,15 @@ def test_all_fp8_and_all_tq3(hq: int, h: int, d: int, p: int) -> None:
     _check(all_tq3, *_run_poisoned(wrapper, all_tq3), hq, d)
 
 
-def test_request_without_fp8_pages() -> None:
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
+def test_request_without_fp8_pages(fp8_kernel: str) -> None:
     from kv_fixtures import make_batch
 
     hq, h, d, p = GEOMETRIES[1]
     batch = make_batch(hq, h, d, p, [2, 0, 1], [3, 6, 0], [9, 0, 4], seed=3)
-    _check(batch, *_run_poisoned(_wrapper(hq, h, d, p), batch), hq, d)
+    wrapper = _wrapper(hq, h, d, p, fp8_kernel)
+    _check(batch, *_run_poisoned(wrapper, batch), hq, d)
+    assert (wrapper.fp8_plan is not None) == (fp8_kernel == "tilelang")
 
 
 def test_long_context_many_splits() -> None:
@@ -109,8 +115,9 @@ def test_long_context_many_splits() -> None:
     _check(batch, out, lse, hq, d)
 
 
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
 @pytest.mark.parametrize("layer", [1, 15, 29])
-def test_mixed_decode_on_captured_smollm2_kv(layer: int) -> None:
+def test_mixed_decode_on_captured_smollm2_kv(layer: int, fp8_kernel: str) -> None:
     # real post-RoPE K/V and query of SmolLM2-135M-Instruct (test/gpu/capture_smollm2_kv.py): 1,024
     # tokens of text, 12 of 16 pages Stale (TQ3), the 4 most recent FP8, as the tiers would hold them
     from pathlib import Path
@@ -121,9 +128,67 @@ def test_mixed_decode_on_captured_smollm2_kv(layer: int) -> None:
     hq, d = data["q_last"].shape
     h = data["k"].shape[1]
     batch = batch_from_kv(data["q_last"], data["k"], data["v"], 64, 12, layer_id=layer)
-    wrapper = _wrapper(hq, h, d, 64)
+    wrapper = _wrapper(hq, h, d, 64, fp8_kernel)
     out, lse = _run_poisoned(wrapper, batch)
     _check(batch, out, lse, hq, d, sm_scale=data["sm_scale"])
+
+
+@pytest.mark.parametrize("num_splits", [1, 7, 300, 1024])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_split_combine_matches_torch(d: int, num_splits: int) -> None:
+    # the shared-memory combine over up to MAX_SPLITS splits, with empty splits (-inf) and one head
+    # whose splits are all empty (out 0, lse -inf)
+    from minima_kernels import tq3_merge_splits
+
+    gen = torch.Generator(device="cuda").manual_seed(num_splits + d)
+    batch, heads = 3, 5
+    out_partial = torch.randn(batch, heads, num_splits, d, device="cuda", generator=gen)
+    lse_partial = 8 * torch.randn(batch, heads, num_splits, device="cuda", generator=gen)
+    lse_partial[torch.rand(batch, heads, num_splits, device="cuda", generator=gen) < 0.3] = float("-inf")
+    lse_partial[0, 0, 0] = 1.0  # at least one live split in each head but [1, 2]
+    lse_partial[:, :, -1] = torch.where(torch.isinf(lse_partial).all(-1), 2.0, lse_partial[:, :, -1])
+    lse_partial[1, 2] = float("-inf")
+    out = torch.full((batch, heads, d), float("nan"), device="cuda")
+    lse = torch.full((batch, heads), float("nan"), device="cuda")
+    tq3_merge_splits(heads, d)(out_partial, lse_partial, out, lse)
+    ref_lse = torch.logsumexp(lse_partial * math.log(2), dim=-1) / math.log(2)
+    weights = torch.exp2(lse_partial - ref_lse.unsqueeze(-1)).nan_to_num(0.0)
+    ref_out = (weights.unsqueeze(-1) * out_partial).sum(2)
+    live = torch.isfinite(ref_lse)
+    assert not bool(live[1, 2]) and int(live.sum()) == batch * heads - 1
+    assert float((out[live] - ref_out[live]).abs().max()) < 1e-5
+    assert float((lse[live] - ref_lse[live]).abs().max()) < 1e-5
+    assert bool((out[1, 2] == 0).all()) and float(lse[1, 2]) == float("-inf")
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_glue_rotations_are_the_codecs(hq: int, h: int, d: int, p: int) -> None:
+    # the glue kernels' Hadamard transforms run the codec's butterflies in its order, built without
+    # FMA contraction: q' is the codec's rotate rounded to fp16, and with one split and no FP8 state
+    # the epilogue's output is the codec's unrotate of the partial (exp2(0) = 1) rounded to bf16
+    from minima_kernels import mixed_epilogue_kernel, rotate_queries_kernel
+    from sglang_minima.codec import LayerRotation
+
+    g = hq // h
+    rotation = LayerRotation(h, d, layer_id=2, seed=11, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(d + 2)
+    q = (3 * torch.randn(5, hq, d, device="cuda", generator=gen)).to(torch.bfloat16)
+    q_rot = torch.full((5, hq, d), float("nan"), dtype=torch.float16, device="cuda")
+    rotate_queries_kernel(hq, g, d, "bfloat16")(q, rotation.signs, q_rot)
+    ref = rotation.rotate(q, head_axis=1).to(torch.float16)
+    assert bool((q_rot.view(torch.int16) == ref.view(torch.int16)).all())
+
+    partial = torch.randn(5, hq, 1, d, device="cuda", generator=gen)
+    lse_partial = torch.randn(5, hq, 1, device="cuda", generator=gen)
+    out = torch.full((5, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((5, hq), float("nan"), device="cuda")
+    no_fp8_out, no_fp8_lse = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))  # not read
+    mixed_epilogue_kernel(hq, g, d, "none", "bfloat16")(
+        partial, lse_partial, rotation.signs, no_fp8_out, no_fp8_lse, out, lse
+    )
+    ref = rotation.unrotate(partial[:, :, 0], head_axis=1).to(torch.bfloat16)
+    assert bool((out.view(torch.int16) == ref.view(torch.int16)).all())
+    assert bool((lse == lse_partial[:, :, 0]).all())
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
