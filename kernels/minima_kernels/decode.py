@@ -6,8 +6,9 @@ in a CUDA graph with the planned buffers.
 Per request, the FP8 pages (Recent + Anchor) and the TQ3 pages (Stale) are two disjoint sets of the
 request's KV; attention is order-free, so each set is attended on its own, giving (out, lse) in base 2.
 The TQ3 part runs in the rotated space (the codec's randomized Hadamard rotation, given by its signs).
-Three launches: the TQ3 split decode (which rotates the queries itself), the FP8 part on a side stream
-(concurrent with it), and one epilogue that combines the splits, un-rotates and merges the two states. The FP8 part is FlashInfer's decode (``fp8_kernel="flashinfer"``, merged state)
+Four launches: q' = R q (``rotate_queries_kernel``), the TQ3 split decode, the FP8 part on a side
+stream (concurrent with the two before), and one epilogue that combines the splits, un-rotates and
+merges the two states. The FP8 part is FlashInfer's decode (``fp8_kernel="flashinfer"``, merged state)
 or ``fp8_decode_kernel`` (``"tilelang"``: split partials that the epilogue combines with the TQ3 ones);
 ``"auto"`` takes the TileLang kernel for batches with few FP8 tokens, where FlashInfer's fixed cost per
 call (its plan's split kernel and merge launch) dominates, and FlashInfer's otherwise (H200 figures in
@@ -23,7 +24,7 @@ from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
 from sglang_minima.codec.rotation import is_power_of_two
 
 from .fp8_decode import fp8_decode_kernel, fp8_tile_config
-from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, tq3_merge_splits
+from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
 from .tq3_decode import tile_config, tq3_decode_kernel
 
 NUM_SMS_H200 = 132
@@ -90,6 +91,7 @@ class TQ3Plan:
     lse_partial: torch.Tensor
     out: torch.Tensor
     lse: torch.Tensor
+    q_rot: torch.Tensor  # [batch, Hq, D] fp16
 
 
 class MinimaDecodeWrapper:
@@ -134,9 +136,6 @@ class MinimaDecodeWrapper:
         self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
         self.device = workspace.device
         self._fp8 = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
-        dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(q_dtype)
-        if dtype is None:
-            raise ValueError(f"q_dtype must be torch.bfloat16 or torch.float16, got {q_dtype}")
         self._tq3_kernel = tq3_decode_kernel(
             num_kv_heads,
             self.group_size,
@@ -145,9 +144,12 @@ class MinimaDecodeWrapper:
             self.sm_scale,
             key_centroids_fp16(head_dim),
             **tile_config(self.group_size, page_size, head_dim),
-            q_dtype=dtype,
         )
         self._merge_kernel = tq3_merge_splits(num_qo_heads, head_dim)
+        dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(q_dtype)
+        if dtype is None:
+            raise ValueError(f"q_dtype must be torch.bfloat16 or torch.float16, got {q_dtype}")
+        self._rotate_kernel = rotate_queries_kernel(num_qo_heads, self.group_size, head_dim, dtype)
         self._epilogue = {
             state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype) for state in FP8_STATES
         }
@@ -242,16 +244,17 @@ class MinimaDecodeWrapper:
                 lse_partial=torch.empty(batch, hq, splits, **f32),
                 out=torch.empty(batch, hq, d, **f32),
                 lse=torch.empty(batch, hq, **f32),
+                q_rot=torch.empty(batch, hq, d, device=dev, dtype=torch.float16),
             )
         self._out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
         self._lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
         self._fp8_out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
         self._fp8_lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
 
-    def run_tq3(self, q: torch.Tensor, tq3_pages: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """TQ3 part alone: q [B, Hq, D] (q_dtype) -> (out' fp32 [B, Hq, D] in the rotated space, lse [B, Hq])."""
+    def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq])."""
         p = self.tq3_plan
-        self._split_decode(q, tq3_pages, signs)
+        self._split_decode(q_rot.contiguous(), tq3_pages)
         if p.num_splits == 1:
             return p.out_partial.view(p.out.shape), p.lse_partial.view(p.lse.shape)
         self._merge_kernel(p.out_partial, p.lse_partial, p.out, p.lse)
@@ -279,14 +282,18 @@ class MinimaDecodeWrapper:
         )
         return p.out_partial, p.lse_partial
 
-    def run_glue(self, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The epilogue alone (split combine, un-rotation and merge) on the planned buffers, as ``run``
-        launches it: what the glue after the attention kernels costs."""
+    def run_glue(self, q: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two launches around the attention kernels alone (q rotation in; split combine, un-rotation
+        and merge out) on the planned buffers, as ``run`` launches them: what they cost."""
+        self._rotate_queries(q, signs)
         return self._finish(signs)
 
-    def _split_decode(self, q: torch.Tensor, tq3_pages: torch.Tensor, signs: torch.Tensor) -> None:
+    def _rotate_queries(self, q: torch.Tensor, signs: torch.Tensor) -> None:
+        self._rotate_kernel(q, signs, self.tq3_plan.q_rot)
+
+    def _split_decode(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> None:
         p = self.tq3_plan
-        self._tq3_kernel(q, signs, tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
+        self._tq3_kernel(q_rot.view(torch.int32), tq3_pages.view(torch.int32), p.page_indptr, p.page_ids, p.out_partial, p.lse_partial)
 
     def _finish(self, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The epilogue: split combine, un-rotation and merge with the FP8 state into the outputs."""
@@ -318,7 +325,8 @@ class MinimaDecodeWrapper:
             self._side_stream.wait_stream(main)
             with torch.cuda.stream(self._side_stream):
                 self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
-        self._split_decode(q, tq3_pages, signs)
+        self._rotate_queries(q, signs)
+        self._split_decode(self.tq3_plan.q_rot, tq3_pages)
         if overlap:
             main.wait_stream(self._side_stream)
         elif self._has_fp8:

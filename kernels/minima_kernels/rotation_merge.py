@@ -1,17 +1,16 @@
-"""The rotation and the split combine of the mixed decode: ``fwht_in_cta`` (the TQ3 decode rotates its
-queries with it), and the epilogue that in one pass combines the splits, rotates the output back and
-merges it with the FP8 pages' state (or only combines the splits, ``tq3_merge_splits``, for the TQ3
-part alone).
+"""The small kernels around the TQ3 split decode: rotate the queries in, and in one pass combine the
+splits, rotate the output back and merge it with the FP8 pages' state (or only combine the splits,
+``tq3_merge_splits``, for the TQ3 part alone).
 
 Without them the mixed decode costs eight launches of glue (permutes, batched matmuls, casts, the
 split combine, ``merge_state``) on top of the two attention kernels; at small batch those launches
 cost more than the attention itself. The rotation is the codec's randomized Hadamard transform
 (``codec/rotation.py``: R = H_d diag(signs) / sqrt(d)), applied as a fast Walsh-Hadamard transform with
-the codec's butterfly order, so the kernels read D signs per head instead of a D x D matrix:
-butterflies of distance < 32 by warp shuffles, the rest through shared memory (1-3 barriers). Built
-without FMA contraction, the epilogue's un-rotation gives the codec's fp32 bits (dense-matrix glue
-kernels took 12-44 us per decode step on the H200, bound by the latency of their loads of R and of a
-serial split loop: docs/results/kernels.md).
+the codec's butterfly order, so the kernels read D signs per head instead of a D x D matrix: one CTA
+per (query head, request), one thread per dim, butterflies of distance < 32 by warp shuffles and the
+rest through shared memory (1-3 barriers). Built without FMA contraction, the rotation gives the
+codec's fp32 bits (dense-matrix kernels took 12-44 us per decode step on the H200, bound by the
+latency of their loads of R and of a serial split loop: docs/results/kernels.md).
 
 The split combine is bound by the latency of its loads too (up to hundreds of splits at batch 1): the
 CTA's threads share the splits' LSEs (one load each, block reductions for the max and the sum of the
@@ -38,25 +37,44 @@ def _inv_sqrt_d(head_dim: int) -> float:
 
 
 @T.macro
-def fwht_in_cta(x, buf, tid, threads: int, count: int, log_dim: int):
-    """Unnormalized Walsh-Hadamard transform of each D = 2^log_dim consecutive values of ``count``
-    values spread over the CTA's ``threads`` threads: x[e] of thread tid holds value e * threads + tid
-    (e < ceil(count / threads); a value past ``count`` is carried along, never stored). Stages h = 1,
-    2, 4, ... as the codec: (a, b) -> (a + b, a - b), a at the lower index. Distances below 32 stay in
-    the warp (shuffles: threads is a multiple of 32, so a value's low 5 index bits are its lane's), the
-    others go through buf (shared [2, count] fp32, double-buffered: one barrier per stage)."""
+def _fwht_threads(x, buf, d, log_dim: int):
+    """x[0] of thread d <- element d of the unnormalized Walsh-Hadamard transform of the CTA's D values
+    (one per thread), stages h = 1, 2, 4, ... as the codec: (a, b) -> (a + b, a - b), a at the lower
+    index. buf: shared [2, D] fp32, double-buffered so that each shared stage needs one barrier."""
     for s in T.unroll(min(log_dim, WARP_BUTTERFLIES)):
-        for e in T.unroll(-(-count // threads)):
-            other = T.shfl_xor(x[e], T.shift_left(1, s))
-            x[e] = T.if_then_else(T.bitwise_and(tid, T.shift_left(1, s)) != 0, other - x[e], x[e] + other)
+        other = T.shfl_xor(x[0], T.shift_left(1, s))
+        x[0] = T.if_then_else(T.bitwise_and(d, T.shift_left(1, s)) != 0, other - x[0], x[0] + other)
     for s in T.unroll(WARP_BUTTERFLIES, log_dim):
-        for e in T.unroll(-(-count // threads)):
-            if e * threads + tid < count:
-                buf[s % 2, e * threads + tid] = x[e]
+        buf[s % 2, d] = x[0]
         T.sync_threads()
-        for e in T.unroll(-(-count // threads)):
-            other = buf[s % 2, T.bitwise_xor(T.min(e * threads + tid, count - 1), T.shift_left(1, s))]
-            x[e] = T.if_then_else(T.bitwise_and(e * threads + tid, T.shift_left(1, s)) != 0, other - x[e], x[e] + other)
+        other = buf[s % 2, T.bitwise_xor(d, T.shift_left(1, s))]
+        x[0] = T.if_then_else(T.bitwise_and(d, T.shift_left(1, s)) != 0, other - x[0], x[0] + other)
+
+
+@tilelang.jit(pass_configs=EXACT_FP32)
+def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dtype: str = "bfloat16"):
+    """q [batch, Hq, D] (``dtype``), signs [Hq / G, D] fp32 (+-1) -> q' = R q [batch, Hq, D] fp16, the
+    codec's ``rotate`` (fp32, bit for bit) rounded to fp16. One CTA per (query head, request)."""
+    D, G = head_dim, group_size
+    log_d = _log2(D)
+    inv_sqrt_d = _inv_sqrt_d(D)
+    batch = T.dynamic("batch")
+
+    @T.prim_func
+    def rotate_queries(
+        q: T.Tensor([batch, num_qo_heads, D], dtype),
+        signs: T.Tensor([num_qo_heads // group_size, D], T.float32),
+        q_rot: T.Tensor([batch, num_qo_heads, D], T.float16),
+    ):
+        with T.Kernel(num_qo_heads, batch, threads=D) as (h, b):
+            d = T.get_thread_binding()
+            x = T.alloc_local([1], T.float32)
+            buf = T.alloc_shared([2, D], T.float32)
+            x[0] = T.Cast(T.float32, q[b, h, d]) * signs[h // G, d]
+            _fwht_threads(x, buf, d, log_d)
+            q_rot[b, h, d] = T.Cast(T.float16, x[0] * T.float32(inv_sqrt_d))
+
+    return rotate_queries
 
 
 @T.macro
@@ -197,7 +215,7 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
             _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, D, x, lse_t, w_s, red_s, part_s)
             if fp8_splits:
                 _combine_splits(fp8_out, fp8_lse, b, h, num_fp8_splits, tid, D, x_f, lse_f, w_s, red_s, part_s)
-            fwht_in_cta(x, buf, tid, THREADS, THREADS, log_d)  # butterflies of distance < D stay in tid's group
+            _fwht_threads(x, buf, tid, log_d)  # butterflies of distance < D stay in the group of tid
             x[0] = x[0] * T.float32(inv_sqrt_d) * signs[h // G, d]
             if tid < D:
                 if fp8_state == "none":

@@ -51,8 +51,6 @@ from sglang_minima.codec.layout import (
     TQ3PageLayout,
 )
 
-from .rotation_merge import fwht_in_cta
-
 LOG2E = 1.4426950408889634
 WARPS = 4
 STEP_CHUNKS = 2  # 16-token chunks per online-softmax step
@@ -249,18 +247,13 @@ def tq3_decode_kernel(
     stages: int = 2,
     step_chunks: int = STEP_CHUNKS,
     shift_by_imad: bool = False,
-    q_dtype: str = "bfloat16",
 ):
     """Partial decode over TQ3 pages; the key codebook (``centroids``, ascending, fp16-rounded) is
     baked in and becomes the CTA's key table. ``step_chunks``: 16-token chunks per softmax step.
 
-    Shapes (dynamic: batch, num_pages, nnz, num_splits): q [batch, H*G, D] (``q_dtype``, not rotated),
-    signs [H, D] fp32 (the rotation's, ``LayerRotation.signs``); the TQ3 pool [num_pages, page_bytes] seen
-    as int32 words; page_indptr [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G,
-    num_splits, D] fp32 (rotated space), lse_partial [batch, H*G, num_splits] fp32 (base 2).
-
-    Each CTA rotates its group's queries itself (the codec's Hadamard rotation, ``fwht_in_cta``) and
-    rounds them to fp16 in shared memory before the key table fill's barrier: no separate launch.
+    Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
+    queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words; page_indptr
+    [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2).
     """
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
@@ -300,18 +293,11 @@ def tq3_decode_kernel(
     copy_chunk = f"minima::copy_chunk<{4 * vec}, {4 * (v_base - k_base)}, {4 * chunk_words}>"
     neg_inf = -T.infinity(T.float32)
 
-    log_d = D.bit_length() - 1
-    if D != 1 << log_d:
-        raise ValueError(f"head_dim={D}: the in-kernel query rotation needs a power of two")
-    threads = warps * 32
-    q_per_thread = -(-G * D // threads)
-    inv_sqrt_d = float(np.float32(1.0 / np.sqrt(np.float64(D))))
     batch, num_pages, nnz, num_splits = T.dynamic("batch, num_pages, nnz, num_splits")
 
     @T.prim_func
     def tq3_decode(
-        q: T.Tensor([batch, heads, D], q_dtype),
-        signs: T.Tensor([H, D], T.float32),
+        q_words: T.Tensor([batch, heads, D // 2], T.int32),
         pool_words: T.Tensor([num_pages, page_words], T.int32),
         page_indptr: T.Tensor([batch + 1], T.int32),
         page_ids: T.Tensor([nnz], T.int32),
@@ -383,20 +369,15 @@ def tq3_decode_kernel(
             ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * chunk_meta + lane * 2]))
             ring_at[2] = T.call_extern(T.uint32, "minima::table_lane", lane)
 
-            # q' = R q for the group's G heads (value e * threads + tid of the G x D block in x_q), as
-            # fp16 pairs in shared memory for the fragment loads below
-            x_q = T.alloc_local([q_per_thread], T.float32)
-            q_fwht = T.alloc_shared([2, G * D], T.float32)
-            q_rot = T.alloc_shared([G * D // 2], T.uint32)
-            for e in T.unroll(q_per_thread):
-                at = T.min(e * threads + tid, G * D - 1)
-                x_q[e] = T.Cast(T.float32, q[bid, hk * G + at // D, at % D]) * signs[hk, at % D]
-            fwht_in_cta(x_q, q_fwht, tid, threads, G * D, log_d)
-            for e in T.unroll(q_per_thread):
-                x_q[e] = x_q[e] * T.float32(inv_sqrt_d)
-                q_pair = T.shfl_xor(x_q[e], 1)  # the neighbouring dim, on the neighbouring lane
-                if e * threads + tid < G * D and tid % 2 == 0:
-                    q_rot[(e * threads + tid) // 2] = T.call_extern(T.uint32, "minima::pack_half2", x_q[e], q_pair)
+            for kb in T.unroll(blocks):
+                for nb in T.unroll(NB):
+                    for j in T.unroll(2):
+                        head = nb * HEADS_PER_TILE + r
+                        q_frag[(kb * NB + nb) * 2 + j] = T.if_then_else(
+                            head < G,
+                            T.Cast(T.uint32, q_words[bid, hk * G + T.min(head, G - 1), kb * 8 + t + 4 * j]),
+                            T.uint32(0),
+                        )
             for i in T.unroll(blocks * NB * 4):
                 acc_o[i] = 0
             for i in T.unroll(NB * 2):
@@ -405,13 +386,6 @@ def tq3_decode_kernel(
                 z_i[i] = 0
             T.call_extern("handle", "minima::fill_key_table", warp, warps, lane)
             T.sync_threads()
-            for kb in T.unroll(blocks):
-                for nb in T.unroll(NB):
-                    for j in T.unroll(2):
-                        head = nb * HEADS_PER_TILE + r
-                        q_frag[(kb * NB + nb) * 2 + j] = T.if_then_else(
-                            head < G, q_rot[T.min(head, G - 1) * (D // 2) + kb * 8 + t + 4 * j], T.uint32(0)
-                        )
 
             # Each warp streams its steps (C chunks each) through a ring of `stages` slots in shared
             # memory with cp.async: step it + stages - 1 is requested while step it computes, so

@@ -16,7 +16,7 @@ import torch
 from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
 from minima_kernels.decode import key_centroids_fp16
 from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
-from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel
+from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 from sglang_minima.codec import tq3_codebook
 
 TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
@@ -40,6 +40,7 @@ def tilelang_jobs(decode_only: bool):
             ),
         )
         yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
+        yield f"rotate q {hq}/{h}/{d}", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "bfloat16")
         for state in FP8_STATES:
             yield (
                 f"epilogue {hq}/{h}/{d} fp8={state}",

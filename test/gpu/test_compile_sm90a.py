@@ -29,7 +29,7 @@ def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     from minima_kernels import tile_config, tq3_decode_kernel, tq3_merge_splits
     from minima_kernels.decode import key_centroids_fp16
     from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
-    from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel
+    from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 
     g = hq // h
     config = tile_config(g, p, d)
@@ -41,6 +41,7 @@ def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     assert f"minima::copy_chunk<{d // 16}," in src and "minima::cp_async_wait<" in src
     assert "minima::tq3_keys" in src and "minima::tq3_values" in src and "minima::transpose8x8" in src
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    _compile(rotate_queries_kernel, hq, g, d, "bfloat16")
     for state in FP8_STATES:
         _compile(mixed_epilogue_kernel, hq, g, d, state, "bfloat16")
     _compile(tq3_merge_splits, hq, d)

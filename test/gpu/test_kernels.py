@@ -162,16 +162,22 @@ def test_split_combine_matches_torch(d: int, num_splits: int) -> None:
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_epilogue_unrotation_is_the_codecs(hq: int, h: int, d: int, p: int) -> None:
-    # the epilogue's Hadamard transform runs the codec's butterflies in its order, built without FMA
-    # contraction: with one split and no FP8 state its output is the codec's unrotate of the partial
-    # (weight exp2(0) = 1) rounded to bf16
-    from minima_kernels import mixed_epilogue_kernel
+def test_glue_rotations_are_the_codecs(hq: int, h: int, d: int, p: int) -> None:
+    # the glue kernels' Hadamard transforms run the codec's butterflies in its order, built without
+    # FMA contraction: q' is the codec's rotate rounded to fp16, and with one split and no FP8 state
+    # the epilogue's output is the codec's unrotate of the partial (exp2(0) = 1) rounded to bf16
+    from minima_kernels import mixed_epilogue_kernel, rotate_queries_kernel
     from sglang_minima.codec import LayerRotation
 
     g = hq // h
     rotation = LayerRotation(h, d, layer_id=2, seed=11, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(d + 2)
+    q = (3 * torch.randn(5, hq, d, device="cuda", generator=gen)).to(torch.bfloat16)
+    q_rot = torch.full((5, hq, d), float("nan"), dtype=torch.float16, device="cuda")
+    rotate_queries_kernel(hq, g, d, "bfloat16")(q, rotation.signs, q_rot)
+    ref = rotation.rotate(q, head_axis=1).to(torch.float16)
+    assert bool((q_rot.view(torch.int16) == ref.view(torch.int16)).all())
+
     partial = torch.randn(5, hq, 1, d, device="cuda", generator=gen)
     lse_partial = torch.randn(5, hq, 1, device="cuda", generator=gen)
     out = torch.full((5, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
