@@ -30,9 +30,10 @@ from .tq3_decode import tile_config, tq3_decode_kernel
 NUM_SMS_H200 = 132
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
 FP8_KERNELS = ("auto", "flashinfer", "tilelang")
-# "auto": the TileLang FP8 decode up to this many FP8 tokens per kv head in the batch (H200: it was
-# faster at 1-8K such tokens, FlashInfer from 16K)
-TILELANG_FP8_MAX_TOKENS = 8192
+# "auto": the TileLang FP8 decode up to this many FP8 tokens per kv head in the batch, by head dim
+# (H200, both kernels side by side: docs/results/kernels.md; between the last shape the TileLang
+# kernel won and the first FlashInfer won); other head dims: the smallest
+TILELANG_FP8_MAX_TOKENS = {64: 28672, 128: 8192, 256: 16384}
 FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
 FP8_MIN_PAGES_PER_SPLIT = 2
 
@@ -199,7 +200,8 @@ class MinimaDecodeWrapper:
         self.fp8_plan = None
         fp8_tokens = int(fp8_indptr[-1]) * self.fp8_page_size
         use_tilelang = self.fp8_kernel == "tilelang" or (
-            self.fp8_kernel == "auto" and fp8_tokens <= TILELANG_FP8_MAX_TOKENS
+            self.fp8_kernel == "auto"
+            and fp8_tokens <= TILELANG_FP8_MAX_TOKENS.get(self.head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
         )
         if self._has_fp8 and self._has_tq3 and use_tilelang:
             splits = num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))
