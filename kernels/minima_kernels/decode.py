@@ -1,5 +1,5 @@
-"""Mixed FP8 / TQ3 paged decode: FlashInfer over the FP8 pages, TileLang over the TQ3 pages, one
-LSE merge. ``plan()`` does the host-side work once per batch shape (page lists to the device, split
+"""Mixed FP8 / TQ3 paged decode: FlashInfer or TileLang over the FP8 pages, TileLang over the TQ3
+pages, one LSE merge. ``plan()`` does the host-side work once per batch shape (page lists to the device, split
 count, output buffers, kernel selection); ``run()`` only launches device work, so it can be captured
 in a CUDA graph with the planned buffers.
 
