@@ -1,7 +1,9 @@
 """Mixed FP8 / TQ3 paged decode: FlashInfer or TileLang over the FP8 pages, TileLang over the TQ3
 pages, one LSE merge. ``plan()`` does the host-side work once per batch shape (page lists to the device, split
 count, output buffers, kernel selection); ``run()`` only launches device work, so it can be captured
-in a CUDA graph with the planned buffers.
+in a CUDA graph with the planned buffers. Each ``plan()`` makes new buffers and may pick other split
+counts or another FP8 kernel: a graph captured after one ``plan()`` must be captured again after the
+next.
 
 Per request, the FP8 pages (Recent + Anchor) and the TQ3 pages (Stale) are two disjoint sets of the
 request's KV; attention is order-free, so each set is attended on its own, giving (out, lse) in base 2.
@@ -23,6 +25,7 @@ from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
 from sglang_minima.codec.rotation import is_power_of_two
 
+from .fp8_decode import HEADS_PER_TILE as FP8_HEADS_PER_TILE
 from .fp8_decode import fp8_decode_kernel, fp8_tile_config
 from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
 from .tq3_decode import tile_config, tq3_decode_kernel
@@ -30,10 +33,11 @@ from .tq3_decode import tile_config, tq3_decode_kernel
 NUM_SMS_H200 = 132
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
 FP8_KERNELS = ("auto", "flashinfer", "tilelang")
-# "auto": the TileLang FP8 decode up to this many FP8 tokens per kv head in the batch, by head dim
-# (H200, both kernels side by side: docs/results/kernels.md; between the last shape the TileLang
-# kernel won and the first FlashInfer won); other head dims: the smallest
+# "auto": the TileLang FP8 decode up to this many FP8 page slots (pages x page size, per kv head) in
+# the batch, by head dim (H200, both kernels side by side: docs/results/kernels.md; between the last
+# shape the TileLang kernel won and the first FlashInfer won); other head dims: the smallest
 TILELANG_FP8_MAX_TOKENS = {64: 28672, 128: 8192, 256: 16384}
+TILELANG_FP8_PAGE_SIZES = (16, 32, 64)  # built and tested (larger pages: more shared memory than an SM has at head dim 256)
 FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
 FP8_MIN_PAGES_PER_SPLIT = 2
 
@@ -104,8 +108,10 @@ class MinimaDecodeWrapper:
     head dim is a power of two, so the codec's rotation is the Hadamard one).
 
     ``fp8_kernel``: the FP8 part's kernel when the batch also has TQ3 pages (a batch without TQ3 pages
-    is FlashInfer's decode alone): "flashinfer", "tilelang" or "auto" (by the batch's FP8 tokens, at
-    ``plan``). ``overlap_fp8``: the FP8 part on a side stream.
+    is FlashInfer's decode alone): "flashinfer", "tilelang" or "auto" (by the batch's FP8 page slots, at
+    ``plan``; FlashInfer where the TileLang kernel does not apply: GQA groups over 16 query heads, FP8
+    pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
+    Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
     """
 
     def __init__(
@@ -154,15 +160,9 @@ class MinimaDecodeWrapper:
         self._epilogue = {
             state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype) for state in FP8_STATES
         }
-        self._fp8_kernel = fp8_decode_kernel(
-            num_kv_heads,
-            self.group_size,
-            head_dim,
-            self.fp8_page_size,
-            self.sm_scale,
-            dtype,
-            **fp8_tile_config(self.fp8_page_size),
-        )
+        self._dtype_name = dtype
+        self._tilelang_fp8_ok = self.group_size <= FP8_HEADS_PER_TILE and self.fp8_page_size in TILELANG_FP8_PAGE_SIZES
+        self._fp8_kernel = None  # the TileLang FP8 decode, built by the first plan() that takes it
         self._side_stream = torch.cuda.Stream(self.device)
         self.overlap_fp8 = overlap_fp8  # the FP8 part on a side stream, concurrent with the TQ3 part
         self.fp8_kernel = fp8_kernel
@@ -193,20 +193,53 @@ class MinimaDecodeWrapper:
         tq3_counts = tq3_indptr[1:] - tq3_indptr[:-1]
         if bool(((fp8_counts + tq3_counts) == 0).any()):
             raise ValueError("every request needs at least one FP8 or TQ3 page")
+        if self.fp8_kernel not in FP8_KERNELS:
+            raise ValueError(f"fp8_kernel={self.fp8_kernel!r}: one of {FP8_KERNELS}")
+        if self.fp8_kernel == "tilelang" and not self._tilelang_fp8_ok:
+            raise ValueError(
+                f"fp8_kernel='tilelang' takes GQA groups of at most {FP8_HEADS_PER_TILE} query heads and FP8 pages of "
+                f"{TILELANG_FP8_PAGE_SIZES} tokens, got group {self.group_size}, page {self.fp8_page_size}"
+            )
+        has_fp8, has_tq3 = int(fp8_indptr[-1]) > 0, int(tq3_indptr[-1]) > 0
+        fp8_slots = int(fp8_indptr[-1]) * self.fp8_page_size
+        use_tilelang = (
+            has_fp8
+            and has_tq3
+            and self._tilelang_fp8_ok
+            and (
+                self.fp8_kernel == "tilelang"
+                or (
+                    self.fp8_kernel == "auto"
+                    and fp8_slots <= TILELANG_FP8_MAX_TOKENS.get(self.head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
+                )
+            )
+        )
+        if use_tilelang and self._fp8_kernel is None:
+            self._fp8_kernel = fp8_decode_kernel(
+                self.num_kv_heads,
+                self.group_size,
+                self.head_dim,
+                self.fp8_page_size,
+                self.sm_scale,
+                self._dtype_name,
+                **fp8_tile_config(self.fp8_page_size),
+            )
+        fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))) if use_tilelang else 0
+        tq3_splits = (
+            num_splits or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim)
+            if has_tq3
+            else 0
+        )
+        for name, splits, used in (("num_fp8_splits", fp8_splits, use_tilelang), ("num_splits", tq3_splits, has_tq3)):
+            if used and not 1 <= splits <= MAX_SPLITS:
+                raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
+        # validated: from here on the wrapper's state changes
         self._batch = batch
-        self._has_fp8 = int(fp8_indptr[-1]) > 0
-        self._has_tq3 = int(tq3_indptr[-1]) > 0
+        self._has_fp8, self._has_tq3 = has_fp8, has_tq3
         dev = self.device
         self.fp8_plan = None
-        fp8_tokens = int(fp8_indptr[-1]) * self.fp8_page_size
-        use_tilelang = self.fp8_kernel == "tilelang" or (
-            self.fp8_kernel == "auto"
-            and fp8_tokens <= TILELANG_FP8_MAX_TOKENS.get(self.head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
-        )
-        if self._has_fp8 and self._has_tq3 and use_tilelang:
-            splits = num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))
-            if not 1 <= splits <= MAX_SPLITS:
-                raise ValueError(f"num_fp8_splits={splits}: the split combine takes 1 to {MAX_SPLITS}")
+        if use_tilelang:
+            splits = fp8_splits
             hq, d = self.num_qo_heads, self.head_dim
             self.fp8_plan = FP8SplitPlan(
                 page_indptr=fp8_indptr.to(dev, torch.int32),
@@ -232,11 +265,7 @@ class MinimaDecodeWrapper:
         self.tq3_plan = None
         hq, d = self.num_qo_heads, self.head_dim
         if self._has_tq3:
-            splits = num_splits or choose_num_splits(
-                batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim
-            )
-            if not 1 <= splits <= MAX_SPLITS:
-                raise ValueError(f"num_splits={splits}: the split combine takes 1 to {MAX_SPLITS}")
+            splits = tq3_splits
             f32 = {"device": dev, "dtype": torch.float32}
             self.tq3_plan = TQ3Plan(
                 page_indptr=tq3_indptr.to(dev, torch.int32),
@@ -269,6 +298,8 @@ class MinimaDecodeWrapper:
         if p is None:
             self._fp8.run(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True)
             return self._fp8_out, self._fp8_lse
+        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+            raise TypeError("the TileLang FP8 decode takes k_scale / v_scale as Python floats (fixed in a captured graph)")
         k_cache, v_cache = fp8_kv_cache
         self._fp8_kernel(
             q,

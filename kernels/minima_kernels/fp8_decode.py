@@ -7,10 +7,12 @@ batch the FP8 part, not the TQ3 part, sets the mixed decode's time. This kernel 
 (out, LSE) next to the TQ3 kernel's and leaves the combine to the one epilogue: no second merge launch.
 
 One CTA = (split, kv head, request), the pattern of TileLang's GQA flash-decoding example: the G query
-heads of the group padded to one 16-row MMA tile; per page, cp.async copies the e4m3 K and V tiles
-(SGLang's ``[pages, page_size, H, D]`` pool, one kv head), converts them to fp16 in shared memory, and
-two tensor-core GEMMs with an online base-2 softmax between them. The per-layer scales are folded in:
-k_scale into the score scale, v_scale into the output.
+heads of the group padded to one 16-row MMA tile; per page, TMA copies the e4m3 K and V tiles
+(SGLang's ``[pages, page_size, H, D]`` pool, one kv head; TileLang pipelines them in a producer warp
+group), the consumer warps convert them to fp16 in shared memory and run two tensor-core GEMMs with an
+online base-2 softmax between them. The per-layer scales are folded in: k_scale into the score scale,
+v_scale into the output. q is rounded to fp16 (exact for bf16 values of magnitude 6e-5 to 65504; fp16
+rather than bf16 keeps 3 more bits of the probabilities in GEMM 2).
 """
 
 import tilelang

@@ -8,7 +8,7 @@ cost more than the attention itself. The rotation is the codec's randomized Hada
 (``codec/rotation.py``: R = H_d diag(signs) / sqrt(d)), applied as a fast Walsh-Hadamard transform with
 the codec's butterfly order, so the kernels read D signs per head instead of a D x D matrix: one CTA
 per (query head, request), one thread per dim, butterflies of distance < 32 by warp shuffles and the
-rest through shared memory (1-3 barriers). Built without FMA contraction, the rotation gives the
+rest through shared memory (0-3 barriers for head dims 32-256). Built without FMA contraction, the rotation gives the
 codec's fp32 bits (dense-matrix kernels took 12-44 us per decode step on the H200, bound by the
 latency of their loads of R and of a serial split loop: docs/results/kernels.md).
 
@@ -56,6 +56,7 @@ def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dty
     """q [batch, Hq, D] (``dtype``), signs [Hq / G, D] fp32 (+-1) -> q' = R q [batch, Hq, D] fp16, the
     codec's ``rotate`` (fp32, bit for bit) rounded to fp16. One CTA per (query head, request)."""
     D, G = head_dim, group_size
+    _check_combine_dims(D)  # a warp's shuffles need 32 live lanes: D >= 32
     log_d = _log2(D)
     inv_sqrt_d = _inv_sqrt_d(D)
     batch = T.dynamic("batch")
@@ -126,7 +127,7 @@ def _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, head_dim: i
 
 def _check_combine_dims(head_dim: int) -> None:
     if THREADS % head_dim or head_dim < 32:
-        raise ValueError(f"head_dim={head_dim}: the split combine wants a power of two from 32 to {THREADS}")
+        raise ValueError(f"head_dim={head_dim}: the glue kernels take a power of two from 32 to {THREADS}")
 
 
 @tilelang.jit(pass_configs=EXACT_FP32)
@@ -173,7 +174,8 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
     (``dtype``), fp8_lse [batch, Hq]; "splits" (``fp8_decode_kernel``'s): fp8_out [batch, Hq, S8, D]
     fp32, fp8_lse [batch, Hq, S8]; "none" (no FP8 page in the batch): as "merged", not read. -> out
     [batch, Hq, D] (``dtype``), lse [batch, Hq] (base 2). A request without pages of one format takes
-    the other's state as is (its splits are all -inf).
+    the other's state as is (its splits are all -inf); a request needs pages of at least one format
+    (with neither, out is 0 / 0: ``MinimaDecodeWrapper.plan`` refuses such batches).
 
     One CTA per (query head, request): the split combine(s), then the un-rotation of the TQ3 state
     (codec ``unrotate``: FWHT, 1/sqrt(d), signs; every group of D threads transforms its own copy, so

@@ -93,6 +93,34 @@ def test_all_fp8_and_all_tq3(hq: int, h: int, d: int, p: int) -> None:
     _check(all_tq3, *_run_poisoned(wrapper, all_tq3), hq, d)
 
 
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_tilelang_fp8_more_splits_than_pages_and_nan_slots(hq: int, h: int, d: int, p: int) -> None:
+    # the TileLang FP8 decode with 8 splits over 1-3 pages per request (empty splits), partial last
+    # pages inside multi-split requests, and e4m3 NaN (0x7F) in every slot past a request's last token
+    from kv_fixtures import make_batch
+
+    batch = make_batch(hq, h, d, p, [3, 1, 2], [2, 1, 3], [5, p, 1], seed=hq + 7)
+    for b, n in enumerate(batch.fp8_last_page_len.tolist()):
+        last = int(batch.fp8_page_ids[int(batch.fp8_indptr[b + 1]) - 1])
+        batch.k_fp8[last, n:] = 0x7F
+        batch.v_fp8[last, n:] = 0x7F
+    wrapper = _wrapper(hq, h, d, p, "tilelang")
+    wrapper.plan(*batch.plan_args(), num_fp8_splits=8)
+    for buf in (wrapper.fp8_plan.out_partial, wrapper.fp8_plan.lse_partial):
+        buf.fill_(float("nan"))
+    out, lse = wrapper.run(
+        batch.q,
+        (batch.k_fp8.view(torch.float8_e4m3fn), batch.v_fp8.view(torch.float8_e4m3fn)),
+        batch.tq3_pages,
+        batch.rotation.signs.cuda(),
+        k_scale=batch.k_scale,
+        v_scale=batch.v_scale,
+    )
+    torch.cuda.synchronize()
+    assert wrapper.fp8_plan.num_splits == 8
+    _check(batch, out, lse, hq, d)
+
+
 @pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
 def test_request_without_fp8_pages(fp8_kernel: str) -> None:
     from kv_fixtures import make_batch
