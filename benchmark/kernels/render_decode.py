@@ -1,7 +1,8 @@
 """Render a saved bench_decode.py run (no GPU needed): markdown tables for docs/results/kernels.md
 and a PNG of Minima's speed-up over FlashInfer FP8 against context length.
 
-    python benchmark/kernels/render_decode.py docs/results/kernels_h200.json --plot docs/results/kernels_speedup.png
+    python benchmark/kernels/render_decode.py docs/results/kernels_h200.json --plot docs/results/kernels_speedup.png \
+        --plot-fp8 docs/results/kernels_fp8_kernel.png
 """
 
 import argparse
@@ -83,16 +84,48 @@ def plot_speedup(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_fp8_kernels(result: dict, path: str, page_size: int = 64) -> None:
+    """The mixed decode with the TileLang FP8 part over the one with FlashInfer's, against the batch's
+    FP8 tokens per kv head, one series per geometry, with ``auto``'s thresholds (decode.py)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    thresholds = {"24q/4kv/256": 16384, "32q/8kv/128": 8192, "9q/3kv/64": 28672}  # decode.TILELANG_FP8_MAX_TOKENS
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, geom in enumerate(dict.fromkeys(r["geom"] for r in result["decode"])):
+        pts = sorted(
+            (r["batch"] * round((1 - r["stale"]) * r["ctx"] / page_size) * page_size, r["minima_flashinfer_fp8_ms"] / r["minima_tilelang_fp8_ms"])
+            for r in result["decode"]
+            if r.get("geom") == geom and "minima_tilelang_fp8_ms" in r
+        )
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=f"C{i}", label=geom, alpha=0.8)
+        if geom in thresholds:
+            ax.axvline(thresholds[geom], color=f"C{i}", ls=":", lw=1)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("FP8 tokens per kv head in the batch")
+    ax.set_ylabel("mixed decode time, FlashInfer FP8 part / TileLang FP8 part")
+    ax.set_title(f"Which FP8 kernel: above 1 the TileLang one is faster (dotted: auto's thresholds)\n{result['gpu']}, {result['date']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("json", help="the --out file of bench_decode.py")
     ap.add_argument("--plot", help="write the speed-up PNG here")
+    ap.add_argument("--plot-fp8", help="write the FP8-kernel comparison PNG here")
     args = ap.parse_args()
     with open(args.json) as f:
         result = json.load(f)
     print_markdown(result)
     if args.plot:
         plot_speedup(result, args.plot)
+    if args.plot_fp8:
+        plot_fp8_kernels(result, args.plot_fp8)
 
 
 if __name__ == "__main__":
