@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
