@@ -18,7 +18,8 @@ rather than bf16 keeps 3 more bits of the probabilities in GEMM 2).
 import tilelang
 import tilelang.language as T
 
-LOG2E = 1.4426950408889634
+from .tq3_decode import LOG2E
+
 HEADS_PER_TILE = 16  # the MMA's M: the group's query heads, padded
 
 

@@ -18,22 +18,15 @@ weights, the weights kept in shared memory) and the partial outputs (``256 / D``
 one per dim, each over every ``groups``-th split, 8 loads in flight).
 """
 
-import math
-
 import tilelang
 import tilelang.language as T
-import torch
+from sglang_minima.codec.rotation import fp32_inv_sqrt
 
 from .convert import EXACT_FP32, _log2
 
 WARP_BUTTERFLIES = 5  # stages h = 1 .. 16 stay inside a warp (shuffles)
 THREADS = 256  # per combine CTA: 256 / D groups of D threads
 MAX_SPLITS = 1024  # the combine keeps one weight per split in shared memory (4 KB)
-
-
-def _inv_sqrt_d(head_dim: int) -> float:
-    """fp32(1/sqrt(d)): the one multiply of the codec's Hadamard path."""
-    return float(torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32))
 
 
 @T.macro
@@ -58,7 +51,7 @@ def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dty
     D, G = head_dim, group_size
     _check_combine_dims(D)  # a warp's shuffles need 32 live lanes: D >= 32
     log_d = _log2(D)
-    inv_sqrt_d = _inv_sqrt_d(D)
+    inv_sqrt_d = fp32_inv_sqrt(D)
     batch = T.dynamic("batch")
 
     @T.prim_func
@@ -185,7 +178,7 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
     D, G = head_dim, group_size
     _check_combine_dims(D)
     log_d = _log2(D)
-    inv_sqrt_d = _inv_sqrt_d(D)
+    inv_sqrt_d = fp32_inv_sqrt(D)
     batch, num_splits, num_fp8_splits = T.dynamic("batch, num_splits, num_fp8_splits")
     neg_inf = -T.infinity(T.float32)
     fp8_splits = fp8_state == "splits"

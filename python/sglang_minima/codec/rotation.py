@@ -45,6 +45,11 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def fp32_inv_sqrt(head_dim: int) -> float:
+    """fp32(1/sqrt(head_dim)), the Hadamard path's one multiply (kernels bake the same value in)."""
+    return float(torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32))
+
+
 def fwht(x: torch.Tensor) -> torch.Tensor:
     """Unnormalized Walsh-Hadamard transform over the last dim (a power of two), fp32, fixed order.
 
@@ -123,7 +128,7 @@ class LayerRotation:
     @property
     def inv_sqrt_d(self) -> float:
         """The one multiply of the Hadamard path, fp32(1/sqrt(d))."""
-        return float(torch.tensor(1.0 / math.sqrt(self.head_dim), dtype=torch.float32))
+        return fp32_inv_sqrt(self.head_dim)
 
     def _heads_last(self, x: torch.Tensor, head_axis: int) -> tuple[torch.Tensor, int]:
         """x as fp32 [..., n, D] with the head axis moved next to head_dim, and n // num_kv_heads."""
