@@ -110,9 +110,12 @@ def make_batch(
     device: str = "cuda",
     spare_pages: int = 3,
     layer_id: int = 0,
+    unused_slot_byte: int = 0x7E,
 ) -> MixedBatch:
     """A batch whose requests own ``fp8_pages_per_req[b]`` FP8 pages (the last filled to
-    ``last_page_len[b]``) and ``tq3_pages_per_req[b]`` TQ3 pages, scattered over pools with spare pages."""
+    ``last_page_len[b]``) and ``tq3_pages_per_req[b]`` TQ3 pages, scattered over pools with spare pages.
+    The slots past each request's last token hold ``unused_slot_byte`` (default e4m3 448, the largest
+    finite value; 0x7F is NaN)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     k_scale, v_scale = 0.5, 0.25
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
@@ -132,13 +135,12 @@ def make_batch(
     fp8_indptr = torch.tensor([0] + fp8_pages_per_req, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     tq3_indptr = torch.tensor([0] + tq3_pages_per_req, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     q = torch.randn(len(fp8_pages_per_req), num_qo_heads, head_dim, generator=gen, device=device).to(torch.bfloat16)
-    # the slots past each request's last token hold e4m3 448 (0x7E, the largest finite value): a kernel
-    # that let them into the softmax would be far off
+    # a kernel that let the slots past a request's last token into the softmax would be far off
     for b, n in enumerate(last_page_len):
         if fp8_pages_per_req[b]:
             last = int(fp8_perm[int(fp8_indptr[b + 1]) - 1])
-            k_fp8[last, n:] = 0x7E
-            v_fp8[last, n:] = 0x7E
+            k_fp8[last, n:] = unused_slot_byte
+            v_fp8[last, n:] = unused_slot_byte
     return MixedBatch(
         q=q,
         k_fp8=k_fp8,

@@ -35,8 +35,8 @@ def _wrapper(hq: int, h: int, d: int, p: int, fp8_kernel: str = "flashinfer"):
     return MinimaDecodeWrapper(workspace, hq, h, d, p, fp8_kernel=fp8_kernel)
 
 
-def _run_poisoned(wrapper, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    wrapper.plan(*batch.plan_args())
+def _run_poisoned(wrapper, batch, **plan_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    wrapper.plan(*batch.plan_args(), **plan_kwargs)
     bufs = []
     if wrapper.tq3_plan is not None:
         p = wrapper.tq3_plan
@@ -99,24 +99,9 @@ def test_tilelang_fp8_more_splits_than_pages_and_nan_slots(hq: int, h: int, d: i
     # pages inside multi-split requests, and e4m3 NaN (0x7F) in every slot past a request's last token
     from kv_fixtures import make_batch
 
-    batch = make_batch(hq, h, d, p, [3, 1, 2], [2, 1, 3], [5, p, 1], seed=hq + 7)
-    for b, n in enumerate(batch.fp8_last_page_len.tolist()):
-        last = int(batch.fp8_page_ids[int(batch.fp8_indptr[b + 1]) - 1])
-        batch.k_fp8[last, n:] = 0x7F
-        batch.v_fp8[last, n:] = 0x7F
+    batch = make_batch(hq, h, d, p, [3, 1, 2], [2, 1, 3], [5, p, 1], seed=hq + 7, unused_slot_byte=0x7F)
     wrapper = _wrapper(hq, h, d, p, "tilelang")
-    wrapper.plan(*batch.plan_args(), num_fp8_splits=8)
-    for buf in (wrapper.fp8_plan.out_partial, wrapper.fp8_plan.lse_partial):
-        buf.fill_(float("nan"))
-    out, lse = wrapper.run(
-        batch.q,
-        (batch.k_fp8.view(torch.float8_e4m3fn), batch.v_fp8.view(torch.float8_e4m3fn)),
-        batch.tq3_pages,
-        batch.rotation.signs.cuda(),
-        k_scale=batch.k_scale,
-        v_scale=batch.v_scale,
-    )
-    torch.cuda.synchronize()
+    out, lse = _run_poisoned(wrapper, batch, num_fp8_splits=8)
     assert wrapper.fp8_plan.num_splits == 8
     _check(batch, out, lse, hq, d)
 
