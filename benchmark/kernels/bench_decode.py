@@ -84,6 +84,16 @@ def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str) ->
     return pages.repeat(reps, 1)[:n_pages].contiguous()
 
 
+def split_sweep(wrapper, plan_args: tuple, mixed, knob: str, candidates: set[int]) -> dict[int, float]:
+    """Median ms of the mixed decode re-planned with each split count (``knob``: plan's num_splits or
+    num_fp8_splits), candidates clamped to 1..MAX_SPLITS."""
+    sweep = {}
+    for splits in sorted({min(max(1, c), MAX_SPLITS) for c in candidates}):
+        wrapper.plan(*plan_args, **{knob: splits})
+        sweep[splits], _ = bench_ms(mixed)
+    return sweep
+
+
 def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str) -> list[dict]:
     hq, h, d = GEOMETRIES[geom]
     pages_per_req = ctx // PAGE
@@ -175,11 +185,9 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # the split count at small batch: more splits fill the GPU with shorter CTAs, fewer leave
             # SMs to FlashInfer's concurrent kernel and give the combine less to do
             chosen = wrapper.tq3_plan.num_splits
-            sweep = {}
-            for splits in sorted({max(1, chosen // 4), max(1, chosen // 2), chosen, min(2 * chosen, n_tq3, MAX_SPLITS)}):
-                wrapper.plan(*plan_args, num_splits=splits)
-                sweep[splits], _ = bench_ms(mixed)
-            row["split_sweep_ms"] = sweep
+            row["split_sweep_ms"] = split_sweep(
+                wrapper, plan_args, mixed, "num_splits", {chosen // 4, chosen // 2, chosen, min(2 * chosen, n_tq3)}
+            )
             wrapper.plan(*plan_args)
         if n_tq3 and n_fp8:
             # the FP8 part by each kernel ("auto" above picks one by the batch's FP8 tokens): FlashInfer's
@@ -193,15 +201,12 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 if kernel == "tilelang":
                     chosen = row["fp8_tilelang_splits"] = wrapper.fp8_plan.num_splits
                     if batch <= 8 and frac == STALE[0]:
-                        sweep = {}
-                        for splits in sorted({max(1, chosen // 2), chosen, min(2 * chosen, n_fp8, MAX_SPLITS)}):
-                            wrapper.plan(*plan_args, num_fp8_splits=splits)
-                            sweep[splits], _ = bench_ms(mixed)
-                        row["fp8_split_sweep_ms"] = sweep
+                        row["fp8_split_sweep_ms"] = split_sweep(
+                            wrapper, plan_args, mixed, "num_fp8_splits", {chosen // 2, chosen, min(2 * chosen, n_fp8)}
+                        )
             # where the time goes: each part alone, and the same launches on one stream (what the
             # overlap buys)
             # (FlashInfer for the FP8 part, planned last above)
-            row["fp8_part_ms"] = row["fp8_part_flashinfer_ms"]
             row["glue_ms"], _ = bench_ms(partial(wrapper.run_glue, gen_q, signs))
             wrapper.overlap_fp8 = False
             row["minima_serial_ms"], _ = bench_ms(mixed)

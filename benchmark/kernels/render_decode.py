@@ -45,7 +45,7 @@ def print_breakdown(result: dict, stale: float = 0.75) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result["decode"]:
-        if "skipped" in r or r["stale"] != stale or "fp8_part_ms" not in r:
+        if "skipped" in r or r["stale"] != stale or "fp8_part_flashinfer_ms" not in r:
             continue
         print(
             f"| {r['geom']} | {r['batch']} | {r['ctx'] // 1024}K | {1e3 * r['minima_ms']:.1f} | "

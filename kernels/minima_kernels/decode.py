@@ -132,8 +132,6 @@ class MinimaDecodeWrapper:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         if not is_power_of_two(head_dim):
             raise ValueError(f"head_dim={head_dim}: the TQ3 kernels need a power of two (Hadamard rotation)")
-        if fp8_kernel not in FP8_KERNELS:
-            raise ValueError(f"fp8_kernel={fp8_kernel!r}: one of {FP8_KERNELS}")
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.group_size = num_qo_heads // num_kv_heads
         self.page_size = page_size
@@ -193,8 +191,6 @@ class MinimaDecodeWrapper:
         tq3_counts = tq3_indptr[1:] - tq3_indptr[:-1]
         if bool(((fp8_counts + tq3_counts) == 0).any()):
             raise ValueError("every request needs at least one FP8 or TQ3 page")
-        if self.fp8_kernel not in FP8_KERNELS:
-            raise ValueError(f"fp8_kernel={self.fp8_kernel!r}: one of {FP8_KERNELS}")
         if self.fp8_kernel == "tilelang" and not self._tilelang_fp8_ok:
             raise ValueError(
                 f"fp8_kernel='tilelang' takes GQA groups of at most {FP8_HEADS_PER_TILE} query heads and FP8 pages of "
@@ -281,6 +277,16 @@ class MinimaDecodeWrapper:
         self._lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
         self._fp8_out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
         self._fp8_lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
+
+    @property
+    def fp8_kernel(self) -> str:
+        return self._fp8_kernel_choice
+
+    @fp8_kernel.setter
+    def fp8_kernel(self, choice: str) -> None:  # takes effect at the next plan()
+        if choice not in FP8_KERNELS:
+            raise ValueError(f"fp8_kernel={choice!r}: one of {FP8_KERNELS}")
+        self._fp8_kernel_choice = choice
 
     def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq])."""
