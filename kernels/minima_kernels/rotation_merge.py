@@ -72,18 +72,21 @@ def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dty
 
 
 @T.macro
-def _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, head_dim: int, x, lse_t, w_s, red_s, part_s):
+def _combine_splits(out_partial, lse_partial, b, h, tid, head_dim: int, x, lse_t, w_s, red_s, part_s):
     """x[0] <- dim tid % D of head h's output combined over its splits (rotated space), lse_t[0] <- its
     LSE (base 2); every thread of the CTA gets its dim's value. All splits -inf -> x 0, lse -inf.
     w_s: shared [MAX_SPLITS] (the splits' weights), red_s: shared [2, THREADS / 32] (the warps' max and
-    sum), part_s: shared [THREADS / D, D] (the groups' partial sums)."""
+    sum), part_s: shared [THREADS / D, D] (the groups' partial sums). The split count is read from
+    lse_partial's shape: a dynamic size passed as a macro argument would be renamed after the macro's
+    parameter (TileLang 0.1.12 names bound arguments in place), and the epilogue's two counts would
+    then share one name, which TileLang's cython launcher resolves by name."""
     groups = THREADS // head_dim
     m = T.alloc_local([1], T.float32)
     den = T.alloc_local([1], T.float32)
     num = T.alloc_local([1], T.float32)
     m[0] = -T.infinity(T.float32)
     for i in T.unroll(MAX_SPLITS // THREADS):
-        if i * THREADS + tid < num_splits:
+        if i * THREADS + tid < lse_partial.shape[2]:
             w_s[i * THREADS + tid] = lse_partial[b, h, i * THREADS + tid]
             m[0] = T.max(m[0], w_s[i * THREADS + tid])
     for off in T.unroll(WARP_BUTTERFLIES):
@@ -94,7 +97,7 @@ def _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, head_dim: i
         m[0] = T.max(m[0], red_s[0, w])
     den[0] = 0
     for i in T.unroll(MAX_SPLITS // THREADS):
-        if i * THREADS + tid < num_splits:  # m = -inf: every split is empty, weight 0
+        if i * THREADS + tid < lse_partial.shape[2]:  # m = -inf: every split is empty, weight 0
             w_s[i * THREADS + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_s[i * THREADS + tid] - m[0]), 0)
             den[0] += w_s[i * THREADS + tid]
     for off in T.unroll(WARP_BUTTERFLIES):
@@ -105,9 +108,9 @@ def _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, head_dim: i
     for w in T.unroll(THREADS // 32):
         den[0] += red_s[1, w]
     num[0] = 0
-    for i in T.unroll(T.ceildiv(num_splits, groups), unroll_factor=8):
+    for i in T.unroll(T.ceildiv(lse_partial.shape[2], groups), unroll_factor=8):
         s = i * groups + tid // head_dim
-        if s < num_splits:
+        if s < lse_partial.shape[2]:
             num[0] += w_s[s] * out_partial[b, h, s, tid % head_dim]
     part_s[tid // head_dim, tid % head_dim] = num[0]
     T.sync_threads()
@@ -146,7 +149,7 @@ def tq3_merge_splits(num_heads: int, head_dim: int):
             part_s = T.alloc_shared([THREADS // D, D], T.float32)
             x = T.alloc_local([1], T.float32)
             lse_t = T.alloc_local([1], T.float32)
-            _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, D, x, lse_t, w_s, red_s, part_s)
+            _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s)
             if tid < D:
                 out[b, h, tid] = x[0]
                 if tid == 0:
@@ -207,9 +210,9 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
             lse_t = T.alloc_local([1], T.float32)
             x_f = T.alloc_local([1], T.float32)
             lse_f = T.alloc_local([1], T.float32)
-            _combine_splits(out_partial, lse_partial, b, h, num_splits, tid, D, x, lse_t, w_s, red_s, part_s)
+            _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s)
             if fp8_splits:
-                _combine_splits(fp8_out, fp8_lse, b, h, num_fp8_splits, tid, D, x_f, lse_f, w_s, red_s, part_s)
+                _combine_splits(fp8_out, fp8_lse, b, h, tid, D, x_f, lse_f, w_s, red_s, part_s)
             _fwht_threads(x, buf, tid, log_d)  # butterflies of distance < D stay in the group of tid
             x[0] = x[0] * T.float32(inv_sqrt_d) * signs[h // G, d]
             if tid < D:
