@@ -147,6 +147,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
     fp8_perm_cpu = perm.cpu()
     wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE)
+    variant_wrappers = {}  # MIXED_TQ3_VARIANTS' mixed decodes
     for frac in STALE:
         n_tq3 = round(frac * pages_per_req)
         n_fp8 = pages_per_req - n_tq3
@@ -189,6 +190,17 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 wrapper, plan_args, mixed, "num_splits", {chosen // 4, chosen // 2, chosen, min(2 * chosen, n_tq3)}
             )
             wrapper.plan(*plan_args)
+        if n_tq3 and n_fp8 and frac in (0.75, 0.9):
+            seen = [tile_config(0, PAGE, d)]
+            for name in MIXED_TQ3_VARIANTS:
+                build = variant_build(d, name)
+                if build in seen:
+                    continue
+                seen.append(build)
+                variant = variant_wrappers.get(name) or MinimaDecodeWrapper(workspace, hq, h, d, PAGE, tq3_config=build)
+                variant_wrappers[name] = variant
+                variant.plan(*plan_args)
+                row[f"minima_tq3_{name}_ms"], _ = bench_ms(partial(variant.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
         if n_tq3 and n_fp8:
             # the FP8 part by each kernel ("auto" above picks one by the batch's FP8 tokens): FlashInfer's
             # decode + merge, or the TileLang FP8 decode (split partials into the same epilogue)
@@ -241,7 +253,11 @@ TQ3_VARIANTS = {  # name: build options over tile_config (warps, resident CTAs p
     # fewer / more warps per SM: 8 / 8 / 8 and 16 / 24 / 24 for head dim 256 / 128 / 64
     "fewer-warps": lambda d: {"warps": 8, "min_blocks": 1} if d >= 256 else {"warps": 4, "min_blocks": 2},
     "more-warps": lambda d: {"warps": 16, "min_blocks": 1} if d >= 256 else {"warps": 12, "min_blocks": 2} if d >= 128 else {"warps": 4, "min_blocks": 6},
+    "one-cta-8-warps": lambda d: {"warps": 8, "min_blocks": 1},  # 8 warps per SM at every head dim
 }
+# builds of the TQ3 decode timed inside the mixed decode too: fewer of its CTAs per SM leave registers
+# to the FP8 kernel's CTAs, so the two formats' kernels can share SMs instead of taking turns
+MIXED_TQ3_VARIANTS = ("fewer-warps", "one-cta-8-warps")
 
 
 def variant_build(d: int, name: str) -> dict:

@@ -112,6 +112,7 @@ class MinimaDecodeWrapper:
     ``plan``; FlashInfer where the TileLang kernel does not apply: GQA groups over 16 query heads, FP8
     pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
     Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
+    ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s (e.g. warps, min_blocks).
     """
 
     def __init__(
@@ -127,6 +128,7 @@ class MinimaDecodeWrapper:
         fp8_page_size: int | None = None,
         overlap_fp8: bool = True,
         fp8_kernel: str = "auto",
+        tq3_config: dict[str, int] | None = None,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -141,14 +143,10 @@ class MinimaDecodeWrapper:
         self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
         self.device = workspace.device
         self._fp8 = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+        # the TQ3 decode's build (warps, resident CTAs per SM, ...): tile_config's, or overridden
+        self._tq3_build = {**tile_config(self.group_size, page_size, head_dim), **(tq3_config or {})}
         self._tq3_kernel = tq3_decode_kernel(
-            num_kv_heads,
-            self.group_size,
-            head_dim,
-            page_size,
-            self.sm_scale,
-            key_centroids_fp16(head_dim),
-            **tile_config(self.group_size, page_size, head_dim),
+            num_kv_heads, self.group_size, head_dim, page_size, self.sm_scale, key_centroids_fp16(head_dim), **self._tq3_build
         )
         self._merge_kernel = tq3_merge_splits(num_qo_heads, head_dim)
         dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(q_dtype)
@@ -222,7 +220,8 @@ class MinimaDecodeWrapper:
             )
         fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))) if use_tilelang else 0
         tq3_splits = (
-            num_splits or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim)
+            num_splits
+            or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim, build=self._tq3_build)
             if has_tq3
             else 0
         )

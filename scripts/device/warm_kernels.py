@@ -39,6 +39,14 @@ def tilelang_jobs(decode_only: bool):
                 h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p, d)
             ),
         )
+        if (hq, h, d, p) in TEST_GEOMETRIES:  # test_mixed_decode_with_another_tq3_build's
+            for other in ({"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1}):
+                yield (
+                    f"tq3_decode {hq}/{h}/{d}/p{p} {other}",
+                    lambda h=h, g=g, d=d, p=p, other=other: tq3_decode_kernel(
+                        h, g, d, p, d**-0.5, key_centroids_fp16(d), **{**tile_config(g, p, d), **other}
+                    ),
+                )
         yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
         yield f"rotate q {hq}/{h}/{d}", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "bfloat16")
         for state in FP8_STATES:

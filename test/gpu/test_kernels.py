@@ -28,11 +28,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def _wrapper(hq: int, h: int, d: int, p: int, fp8_kernel: str = "flashinfer"):
+def _wrapper(hq: int, h: int, d: int, p: int, fp8_kernel: str = "flashinfer", **kwargs):
     from minima_kernels import MinimaDecodeWrapper
 
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    return MinimaDecodeWrapper(workspace, hq, h, d, p, fp8_kernel=fp8_kernel)
+    return MinimaDecodeWrapper(workspace, hq, h, d, p, fp8_kernel=fp8_kernel, **kwargs)
 
 
 def _run_poisoned(wrapper, batch, **plan_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,6 +80,20 @@ def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap
     wrapper.overlap_fp8 = overlap_fp8
     out, lse = _run_poisoned(wrapper, batch)
     _check(batch, out, lse, hq, d)
+
+
+@pytest.mark.parametrize("tq3_config", [{"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1}], ids=["4w2b", "8w1b"])
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_mixed_decode_with_another_tq3_build(hq: int, h: int, d: int, p: int, tq3_config: dict) -> None:
+    # tq3_config overrides tile_config's build; the split count follows the build's CTAs per SM
+    from kv_fixtures import make_batch
+    from minima_kernels import choose_num_splits
+
+    batch = make_batch(hq, h, d, p, [1, 3, 2], [40, 0, 57], [1, p - 1, 7], seed=hq + p + 1)
+    wrapper = _wrapper(hq, h, d, p, "tilelang", tq3_config=tq3_config)
+    _check(batch, *_run_poisoned(wrapper, batch), hq, d)
+    build = {**wrapper._tq3_build, **tq3_config}
+    assert wrapper.tq3_plan.num_splits == choose_num_splits(3, h, 57, p, d, build=build)
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
