@@ -190,8 +190,8 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 wrapper, plan_args, mixed, "num_splits", {chosen // 4, chosen // 2, chosen, min(2 * chosen, n_tq3)}
             )
             wrapper.plan(*plan_args)
-        if n_tq3 and n_fp8 and frac in (0.75, 0.9):
-            seen = [tile_config(0, PAGE, d)]
+        if n_tq3 and n_fp8 and frac in (0.75, 0.9) and batch == 1:
+            seen = [tile_config(0, PAGE, d, batch)]
             for name in MIXED_TQ3_VARIANTS:
                 build = variant_build(d, name)
                 if build in seen:
@@ -255,8 +255,9 @@ TQ3_VARIANTS = {  # name: build options over tile_config (warps, resident CTAs p
     "more-warps": lambda d: {"warps": 16, "min_blocks": 1} if d >= 256 else {"warps": 12, "min_blocks": 2} if d >= 128 else {"warps": 4, "min_blocks": 6},
     "one-cta-8-warps": lambda d: {"warps": 8, "min_blocks": 1},  # 8 warps per SM at every head dim
 }
-# builds of the TQ3 decode timed inside the mixed decode too: fewer of its CTAs per SM leave registers
-# to the FP8 kernel's CTAs, so the two formats' kernels can share SMs instead of taking turns
+# builds of the TQ3 decode timed inside the mixed decode at batch 1 too: fewer of its warps per SM leave
+# registers to the FP8 kernel's CTAs, so the two formats' kernels can share SMs instead of taking turns
+# (tile_config's batch-1 builds come from these)
 MIXED_TQ3_VARIANTS = ("fewer-warps", "one-cta-8-warps")
 
 

@@ -112,7 +112,8 @@ class MinimaDecodeWrapper:
     ``plan``; FlashInfer where the TileLang kernel does not apply: GQA groups over 16 query heads, FP8
     pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
     Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
-    ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s (e.g. warps, min_blocks).
+    ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s for the batch (e.g. warps,
+    min_blocks).
     """
 
     def __init__(
@@ -143,11 +144,12 @@ class MinimaDecodeWrapper:
         self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
         self.device = workspace.device
         self._fp8 = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
-        # the TQ3 decode's build (warps, resident CTAs per SM, ...): tile_config's, or overridden
-        self._tq3_build = {**tile_config(self.group_size, page_size, head_dim), **(tq3_config or {})}
-        self._tq3_kernel = tq3_decode_kernel(
-            num_kv_heads, self.group_size, head_dim, page_size, self.sm_scale, key_centroids_fp16(head_dim), **self._tq3_build
-        )
+        # the TQ3 decode's builds (warps, resident CTAs per SM, ...): tile_config's for the batch, or
+        # overridden; each built by the first plan() that takes it
+        self._tq3_config = tq3_config or {}
+        self._tq3_kernels: dict[tuple, object] = {}
+        self._tq3_build: dict[str, int] | None = None
+        self._tq3_kernel = None
         self._merge_kernel = tq3_merge_splits(num_qo_heads, head_dim)
         dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(q_dtype)
         if dtype is None:
@@ -219,16 +221,30 @@ class MinimaDecodeWrapper:
                 **fp8_tile_config(self.fp8_page_size),
             )
         fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))) if use_tilelang else 0
+        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config}
         tq3_splits = (
             num_splits
-            or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim, build=self._tq3_build)
+            or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim, build=tq3_build)
             if has_tq3
             else 0
         )
         for name, splits, used in (("num_fp8_splits", fp8_splits, use_tilelang), ("num_splits", tq3_splits, has_tq3)):
             if used and not 1 <= splits <= MAX_SPLITS:
                 raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
+        tq3_key = tuple(sorted(tq3_build.items()))
+        if has_tq3 and tq3_key not in self._tq3_kernels:
+            self._tq3_kernels[tq3_key] = tq3_decode_kernel(
+                self.num_kv_heads,
+                self.group_size,
+                self.head_dim,
+                self.page_size,
+                self.sm_scale,
+                key_centroids_fp16(self.head_dim),
+                **tq3_build,
+            )
         # validated: from here on the wrapper's state changes
+        if has_tq3:
+            self._tq3_build, self._tq3_kernel = tq3_build, self._tq3_kernels[tq3_key]
         self._batch = batch
         self._has_fp8, self._has_tq3 = has_fp8, has_tq3
         dev = self.device

@@ -575,17 +575,23 @@ def tq3_decode_kernel(
     return tq3_decode
 
 
-def tile_config(group_size: int, page_size: int, head_dim: int = 128) -> dict[str, int]:
-    """Build options for a (GQA group, page size, head dim): warps per CTA, resident CTAs per SM and
-    chunks per softmax step, as measured best on the H200 (docs/results/kernels.md). The main loop is
-    latency-bound, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2 CTAs
-    at ~128 registers; 4 x 4 at head dim 64, where 8-warp CTAs were slower), 12 at head dim 256 (twice
-    the accumulators: 168 registers, no spills; 16 warps spill). Steps of 2 chunks (4 at head dim 64,
-    where per-step costs weigh most and registers allow: 120)."""
+def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int | None = None) -> dict[str, int]:
+    """Build options for a (GQA group, page size, head dim, batch size): warps per CTA, resident CTAs
+    per SM and chunks per softmax step, as measured best on the H200 (docs/results/kernels.md). The main
+    loop is latency-bound, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2
+    CTAs at ~128 registers; 4 x 4 at head dim 64, where 8-warp CTAs were slower), 12 at head dim 256
+    (twice the accumulators: 168 registers, no spills; 16 warps spill). Steps of 2 chunks (4 at head
+    dim 64, where per-step costs weigh most and registers allow: 120).
+
+    A single request (``batch`` 1) is different: the TQ3 grid then has about one CTA per SM and runs
+    beside the FP8 decode's, and a TQ3 build that takes every register of an SM makes the two kernels
+    take turns. 8 warps per SM (head dims 256 and 64) leave registers for the FP8 decode's CTAs: 24q/4kv/256
+    x 128K 81.8 -> 76.6 us, 9q/3kv/64 x 32K 26.0 -> 24.4 us; head dim 128 was slower so (39.3 -> 43.3 us)."""
     del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
     if head_dim >= 256:
-        return {"warps": 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}
+        return {"warps": 8 if batch == 1 else 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}
     if head_dim >= 128:
         return {"warps": 8, "min_blocks": 2, "step_chunks": STEP_CHUNKS}
+    if batch == 1:
+        return {"warps": 8, "min_blocks": 1, "step_chunks": 2 * STEP_CHUNKS}
     return {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
-

@@ -33,12 +33,14 @@ def tilelang_jobs(decode_only: bool):
         thr = tuple(float(t) for t in book.thresholds)
         inv = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
         sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
-        yield (
-            f"tq3_decode {hq}/{h}/{d}/p{p}",
-            lambda h=h, g=g, d=d, p=p: tq3_decode_kernel(
-                h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p, d)
-            ),
-        )
+        one_request_build = tile_config(g, p, d, 1) != tile_config(g, p, d)
+        for batch in (None, 1) if one_request_build else (None,):
+            yield (
+                f"tq3_decode {hq}/{h}/{d}/p{p} batch={batch}",
+                lambda h=h, g=g, d=d, p=p, batch=batch: tq3_decode_kernel(
+                    h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p, d, batch)
+                ),
+            )
         if (hq, h, d, p) in TEST_GEOMETRIES:  # test_mixed_decode_with_another_tq3_build's
             for other in ({"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1}):
                 yield (

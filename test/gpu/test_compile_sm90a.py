@@ -51,16 +51,21 @@ def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
 
 
 @pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("batch", [None, 1], ids=["batch", "one-request"])
 @pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
-def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: int) -> None:
+def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: int, batch: int | None) -> None:
     # tile_config's steps fit every supported page size: whole pages per step or steps per page
-    # (the kernel refuses warps x step_chunks that is not a multiple of the chunks per page)
+    # (the kernel refuses warps x step_chunks that is not a multiple of the chunks per page), for
+    # batches and for a single request (8 warps per SM at head dims 256 and 64)
     from minima_kernels import tile_config, tq3_decode_kernel
     from minima_kernels.decode import key_centroids_fp16
 
-    config = tile_config(hq // h, page, d)
+    config = tile_config(hq // h, page, d, batch)
     src = _compile(tq3_decode_kernel, h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), **config)
     assert "minima::copy_chunk<" in src
+    assert f"__launch_bounds__({32 * config['warps']}, {config['min_blocks']})" in src
+    if batch == 1 and d != 128:
+        assert config["warps"] * config["min_blocks"] == 8
 
 
 def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:

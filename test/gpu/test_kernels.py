@@ -131,6 +131,22 @@ def test_request_without_fp8_pages(fp8_kernel: str) -> None:
     assert (wrapper.fp8_plan is not None) == (fp8_kernel == "tilelang")
 
 
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_single_request_takes_its_own_build(hq: int, h: int, d: int, p: int) -> None:
+    # tile_config(batch=1): one wrapper re-planned from one request to three and back switches TQ3
+    # builds, and each plan's outputs match the reference
+    from kv_fixtures import make_batch
+    from minima_kernels import tile_config
+
+    wrapper = _wrapper(hq, h, d, p, "tilelang")
+    one = make_batch(hq, h, d, p, [3], [45], [p - 2], seed=hq + 11)
+    three = make_batch(hq, h, d, p, [1, 3, 2], [20, 0, 33], [1, p - 1, 7], seed=hq + 12)
+    for batch, size in ((one, 1), (three, 3), (one, 1)):
+        _check(batch, *_run_poisoned(wrapper, batch), hq, d)
+        assert wrapper._tq3_build == tile_config(hq // h, p, d, size)
+    assert len(wrapper._tq3_kernels) == (1 if d == 128 else 2)
+
+
 def test_long_context_many_splits() -> None:
     from kv_fixtures import make_batch
 
