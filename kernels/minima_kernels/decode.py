@@ -28,7 +28,7 @@ from sglang_minima.codec.rotation import is_power_of_two
 from .fp8_decode import HEADS_PER_TILE as FP8_HEADS_PER_TILE
 from .fp8_decode import fp8_decode_kernel, fp8_tile_config
 from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
-from .tq3_decode import tile_config, tq3_decode_kernel
+from .tq3_decode import TQ3_BUILD_OPTIONS, tile_config, tq3_decode_kernel
 
 NUM_SMS_H200 = 132
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
@@ -59,8 +59,8 @@ def choose_num_splits(
     """Splits per (request, kv head) so that batch * kv_heads * splits CTAs fit the GPU's resident CTA
     slots in one wave (a second, partial wave would leave most SMs idle while it runs), with at least
     MIN_CHUNKS_PER_WARP chunks per warp in each split. ``build``: the kernel's warps and resident CTAs
-    per SM (default: tile_config's)."""
-    build = build or tile_config(0, page_size, head_dim)
+    per SM (default: tile_config's for this batch size)."""
+    build = build or tile_config(0, page_size, head_dim, batch)
     want = build["min_blocks"] * num_sms // (batch * num_kv_heads)
     min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
     return max(1, min(want, max_pages // min_pages))
@@ -147,6 +147,8 @@ class MinimaDecodeWrapper:
         # the TQ3 decode's builds (warps, resident CTAs per SM, ...): tile_config's for the batch, or
         # overridden; each built by the first plan() that takes it
         self._tq3_config = tq3_config or {}
+        if unknown := set(self._tq3_config) - set(TQ3_BUILD_OPTIONS):
+            raise ValueError(f"tq3_config: unknown options {sorted(unknown)}, the TQ3 decode takes {TQ3_BUILD_OPTIONS}")
         self._tq3_kernels: dict[tuple, object] = {}
         self._tq3_build: dict[str, int] | None = None
         self._tq3_kernel = None
@@ -243,8 +245,7 @@ class MinimaDecodeWrapper:
                 **tq3_build,
             )
         # validated: from here on the wrapper's state changes
-        if has_tq3:
-            self._tq3_build, self._tq3_kernel = tq3_build, self._tq3_kernels[tq3_key]
+        self._tq3_build, self._tq3_kernel = (tq3_build, self._tq3_kernels[tq3_key]) if has_tq3 else (None, None)
         self._batch = batch
         self._has_fp8, self._has_tq3 = has_fp8, has_tq3
         dev = self.device

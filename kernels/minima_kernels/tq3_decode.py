@@ -55,6 +55,7 @@ LOG2E = 1.4426950408889634
 WARPS = 4
 STEP_CHUNKS = 2  # 16-token chunks per online-softmax step
 HEADS_PER_TILE = 8  # the MMA's N: query heads of a GQA group per tile
+TQ3_BUILD_OPTIONS = ("min_blocks", "warps", "stages", "step_chunks", "shift_by_imad")  # tq3_decode_kernel's
 
 # fp16x2 constants of the value decode (bit patterns). A pair's codes sit at bits s..s+2 of each half
 # (s = 1, 4, 7, layout.py); OR-ing them into 1024.0 gives 1024 + c * 2^s, exact in fp16.
@@ -586,7 +587,7 @@ def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int
     A single request (``batch`` 1) is different: the TQ3 grid then has about one CTA per SM and runs
     beside the FP8 decode's, and a TQ3 build that takes every register of an SM makes the two kernels
     take turns. 8 warps per SM (head dims 256 and 64) leave registers for the FP8 decode's CTAs: 24q/4kv/256
-    x 128K 81.8 -> 76.6 us, 9q/3kv/64 x 32K 26.0 -> 24.4 us; head dim 128 was slower so (39.3 -> 43.3 us)."""
+    x 128K 81.8 -> 76.6 us, 9q/3kv/64 x 32K 26.0 -> 24.4 us; head dim 128 was slower with 8 (39.3 -> 43.3 us)."""
     del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
     if head_dim >= 256:
         return {"warps": 8 if batch == 1 else 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}

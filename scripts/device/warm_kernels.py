@@ -33,22 +33,15 @@ def tilelang_jobs(decode_only: bool):
         thr = tuple(float(t) for t in book.thresholds)
         inv = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
         sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
-        one_request_build = tile_config(g, p, d, 1) != tile_config(g, p, d)
-        for batch in (None, 1) if one_request_build else (None,):
+        # the batch build, the single-request one, test_mixed_decode_with_another_tq3_build's (each once)
+        builds = [tile_config(g, p, d), tile_config(g, p, d, 1)]
+        if (hq, h, d, p) in TEST_GEOMETRIES:
+            builds += [{**tile_config(g, p, d), **other} for other in ({"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1})]
+        for build in [b for i, b in enumerate(builds) if b not in builds[:i]]:
             yield (
-                f"tq3_decode {hq}/{h}/{d}/p{p} batch={batch}",
-                lambda h=h, g=g, d=d, p=p, batch=batch: tq3_decode_kernel(
-                    h, g, d, p, d**-0.5, key_centroids_fp16(d), **tile_config(g, p, d, batch)
-                ),
+                f"tq3_decode {hq}/{h}/{d}/p{p} {build}",
+                lambda h=h, g=g, d=d, p=p, build=build: tq3_decode_kernel(h, g, d, p, d**-0.5, key_centroids_fp16(d), **build),
             )
-        if (hq, h, d, p) in TEST_GEOMETRIES:  # test_mixed_decode_with_another_tq3_build's
-            for other in ({"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1}):
-                yield (
-                    f"tq3_decode {hq}/{h}/{d}/p{p} {other}",
-                    lambda h=h, g=g, d=d, p=p, other=other: tq3_decode_kernel(
-                        h, g, d, p, d**-0.5, key_centroids_fp16(d), **{**tile_config(g, p, d), **other}
-                    ),
-                )
         yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
         yield f"rotate q {hq}/{h}/{d}", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "bfloat16")
         for state in FP8_STATES:
@@ -75,12 +68,16 @@ def tilelang_jobs(decode_only: bool):
 
 def variant_jobs():
     sys.path.insert(0, "benchmark/kernels")
-    from bench_decode import LIBRARY_BUILD, TQ3_VARIANTS, tq3_variant_kernel
+    from bench_decode import TQ3_VARIANTS, tq3_variant_kernel, variant_build
 
-    for hq, h, d, _ in BENCH_GEOMETRIES:
+    for hq, h, d, p in BENCH_GEOMETRIES:
+        # each build once; the library's (batch and single request) come from tilelang_jobs in a full warm-up
+        made = [] if "--variants-only" in sys.argv else [tile_config(hq // h, p, d), tile_config(hq // h, p, d, 1)]
         for name in TQ3_VARIANTS:
-            if name == LIBRARY_BUILD and "--variants-only" not in sys.argv:
-                continue  # made by tilelang_jobs
+            build = variant_build(d, name)
+            if build in made:
+                continue
+            made.append(build)
             yield (
                 f"tq3 variant {name} {hq}/{h}/{d}",
                 lambda hq=hq, h=h, d=d, name=name: tq3_variant_kernel(hq, h, d, name),

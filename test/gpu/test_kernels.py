@@ -87,13 +87,17 @@ def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap
 def test_mixed_decode_with_another_tq3_build(hq: int, h: int, d: int, p: int, tq3_config: dict) -> None:
     # tq3_config overrides tile_config's build; the split count follows the build's CTAs per SM
     from kv_fixtures import make_batch
-    from minima_kernels import choose_num_splits
+    from minima_kernels import choose_num_splits, tile_config
 
     batch = make_batch(hq, h, d, p, [1, 3, 2], [40, 0, 57], [1, p - 1, 7], seed=hq + p + 1)
     wrapper = _wrapper(hq, h, d, p, "tilelang", tq3_config=tq3_config)
     _check(batch, *_run_poisoned(wrapper, batch), hq, d)
-    build = {**wrapper._tq3_build, **tq3_config}
+    build = {**tile_config(hq // h, p, d, 3), **tq3_config}
+    assert wrapper._tq3_build == build
+    assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper._tq3_kernel.get_kernel_source()
     assert wrapper.tq3_plan.num_splits == choose_num_splits(3, h, 57, p, d, build=build)
+    with pytest.raises(ValueError, match="tq3_config: unknown options"):
+        _wrapper(hq, h, d, p, tq3_config={"warp": 4})
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
@@ -143,7 +147,9 @@ def test_single_request_takes_its_own_build(hq: int, h: int, d: int, p: int) -> 
     three = make_batch(hq, h, d, p, [1, 3, 2], [20, 0, 33], [1, p - 1, 7], seed=hq + 12)
     for batch, size in ((one, 1), (three, 3), (one, 1)):
         _check(batch, *_run_poisoned(wrapper, batch), hq, d)
-        assert wrapper._tq3_build == tile_config(hq // h, p, d, size)
+        build = tile_config(hq // h, p, d, size)
+        assert wrapper._tq3_build == build
+        assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper._tq3_kernel.get_kernel_source()
     assert len(wrapper._tq3_kernels) == (1 if d == 128 else 2)
 
 
