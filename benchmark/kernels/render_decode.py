@@ -84,7 +84,7 @@ def plot_speedup(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def plot_fp8_kernels(result: dict, path: str, page_size: int = 64) -> None:
+def plot_fp8_kernels(result: dict, path: str) -> None:
     """The mixed decode with the TileLang FP8 part over the one with FlashInfer's, against the batch's
     FP8 tokens per kv head, one series per geometry, with ``auto``'s thresholds (decode.py)."""
     import matplotlib
@@ -92,6 +92,7 @@ def plot_fp8_kernels(result: dict, path: str, page_size: int = 64) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    page_size = result["page_size"]
     thresholds = {"24q/4kv/256": 16384, "32q/8kv/128": 8192, "9q/3kv/64": 28672}  # decode.TILELANG_FP8_MAX_TOKENS
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, geom in enumerate(dict.fromkeys(r["geom"] for r in result["decode"])):

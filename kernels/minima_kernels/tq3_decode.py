@@ -30,8 +30,7 @@ per token after the GEMM. The probabilities move from the scores' accumulator la
 operand of the value GEMM with ``movmatrix``. Softmax is base 2 (``ex2.approx.ftz``); each split
 writes its partial output (rotated space, fp32) and LSE (base 2); a split with no page writes out =
 0, lse = -inf. The warps' output rows meet in their own parts of the ring (free after the loop), and
-``rotation_merge.tq3_merge_splits`` (or the mixed
-decode's epilogue) combines the splits.
+``rotation_merge.tq3_merge_splits`` (or the mixed decode's epilogue) combines the splits.
 """
 
 import numpy as np
@@ -254,7 +253,8 @@ def tq3_decode_kernel(
 
     Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
     queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words; page_indptr
-    [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2).
+    [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial
+    [batch, H*G, num_splits] fp32 (base 2).
     """
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size

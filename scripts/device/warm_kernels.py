@@ -18,9 +18,15 @@ from minima_kernels.decode import key_centroids_fp16
 from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
 from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 from sglang_minima.codec import tq3_codebook
+from sglang_minima.codec.rotation import fp32_inv_sqrt
 
 TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
 BENCH_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 64), (9, 3, 64, 64)]
+
+
+def library_tq3_builds(g: int, p: int, d: int) -> list[dict]:
+    """The TQ3 decode builds MinimaDecodeWrapper takes: for batches and for a single request."""
+    return [tile_config(g, p, d), tile_config(g, p, d, 1)]
 
 
 def tilelang_jobs(decode_only: bool):
@@ -31,10 +37,10 @@ def tilelang_jobs(decode_only: bool):
         book = tq3_codebook(d)
         cent = tuple(float(c) for c in book.centroids)
         thr = tuple(float(t) for t in book.thresholds)
-        inv = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
+        inv = fp32_inv_sqrt(d)
         sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
         # the batch build, the single-request one, test_mixed_decode_with_another_tq3_build's (each once)
-        builds = [tile_config(g, p, d), tile_config(g, p, d, 1)]
+        builds = library_tq3_builds(g, p, d)
         if (hq, h, d, p) in TEST_GEOMETRIES:
             builds += [{**tile_config(g, p, d), **other} for other in ({"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1})]
         for build in [b for i, b in enumerate(builds) if b not in builds[:i]]:
@@ -72,7 +78,7 @@ def variant_jobs():
 
     for hq, h, d, p in BENCH_GEOMETRIES:
         # each build once; the library's (batch and single request) come from tilelang_jobs in a full warm-up
-        made = [] if "--variants-only" in sys.argv else [tile_config(hq // h, p, d), tile_config(hq // h, p, d, 1)]
+        made = [] if "--variants-only" in sys.argv else library_tq3_builds(hq // h, p, d)
         for name in TQ3_VARIANTS:
             build = variant_build(d, name)
             if build in made:

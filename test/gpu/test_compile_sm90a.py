@@ -81,11 +81,12 @@ def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int
     import torch
     from minima_kernels import fp8_to_tq3_kernel, tq3_to_fp8_kernel
     from sglang_minima.codec import tq3_codebook
+    from sglang_minima.codec.rotation import fp32_inv_sqrt
 
     book = tq3_codebook(d)
     cent = tuple(float(c) for c in book.centroids)
     thr = tuple(float(t) for t in book.thresholds)
-    inv = float(torch.tensor(1 / math.sqrt(d), dtype=torch.float32))
+    inv = fp32_inv_sqrt(d)
     sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
     fwd = _compile(fp8_to_tq3_kernel, h, p, d, cent, thr, inv, sqrt_d)
     bwd = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv)

@@ -43,6 +43,7 @@ def _run_poisoned(wrapper, batch, **plan_kwargs) -> tuple[torch.Tensor, torch.Te
         bufs += [p.out_partial, p.lse_partial, p.out, p.lse]
     if wrapper.fp8_plan is not None:
         bufs += [wrapper.fp8_plan.out_partial, wrapper.fp8_plan.lse_partial]
+    bufs += [wrapper._out, wrapper._lse]  # what the mixed decode returns (its epilogue's outputs)
     for buf in bufs:
         buf.fill_(float("nan"))
     out, lse = wrapper.run(
