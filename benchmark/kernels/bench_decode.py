@@ -148,6 +148,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     fp8_perm_cpu = perm.cpu()
     wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE)
     variant_wrappers = {}  # MIXED_TQ3_VARIANTS' mixed decodes
+    one_page_wrapper = None  # the TileLang FP8 decode with 1 page per step
     for frac in STALE:
         n_tq3 = round(frac * pages_per_req)
         n_fp8 = pages_per_req - n_tq3
@@ -201,6 +202,16 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 variant_wrappers[name] = variant
                 variant.plan(*plan_args)
                 row[f"minima_tq3_{name}_ms"], _ = bench_ms(partial(variant.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
+        if n_tq3 and n_fp8 and batch <= 8 and d <= 128 and frac in (0.75, 0.9):
+            # the TileLang FP8 decode with 1 page per step at every split length (the build before
+            # fp8_tile_config's 2 pages per step for splits of 8 pages and more)
+            one_page = one_page_wrapper or MinimaDecodeWrapper(
+                workspace, hq, h, d, PAGE, fp8_kernel="tilelang", fp8_config={"pages_per_step": 1}
+            )
+            one_page_wrapper = one_page
+            one_page.plan(*plan_args)
+            row["minima_tilelang_fp8_1page_ms"], _ = bench_ms(partial(one_page.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
+            row["fp8_part_tilelang_1page_ms"], _ = bench_ms(partial(one_page.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
         if n_tq3 and n_fp8:
             # the FP8 part by each kernel ("auto" above picks one by the batch's FP8 tokens): FlashInfer's
             # decode + merge, or the TileLang FP8 decode (split partials into the same epilogue)

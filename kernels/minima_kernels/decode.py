@@ -18,6 +18,7 @@ docs/results/kernels.md).
 """
 
 from dataclasses import dataclass
+from functools import partial
 
 import flashinfer
 import torch
@@ -26,7 +27,7 @@ from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
 from sglang_minima.codec.rotation import is_power_of_two
 
 from .fp8_decode import HEADS_PER_TILE as FP8_HEADS_PER_TILE
-from .fp8_decode import fp8_decode_kernel, fp8_tile_config
+from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel, fp8_tile_config
 from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
 from .tq3_decode import TQ3_BUILD_OPTIONS, tile_config, tq3_decode_kernel
 
@@ -36,7 +37,7 @@ FP8_KERNELS = ("auto", "flashinfer", "tilelang")
 # "auto": the TileLang FP8 decode up to this many FP8 page slots (pages x page size, per kv head) in
 # the batch, by head dim (H200, both kernels side by side: docs/results/kernels.md; between the last
 # shape the TileLang kernel won and the first FlashInfer won); other head dims: the smallest
-TILELANG_FP8_MAX_TOKENS = {64: 28672, 128: 8192, 256: 16384}
+TILELANG_FP8_MAX_TOKENS = {64: 32768, 128: 8192, 256: 16384}
 TILELANG_FP8_PAGE_SIZES = (16, 32, 64)  # built and tested (larger pages: more shared memory than an SM has at head dim 256)
 FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
 FP8_MIN_PAGES_PER_SPLIT = 2
@@ -71,6 +72,14 @@ def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: in
     with at least FP8_MIN_PAGES_PER_SPLIT pages per split."""
     want = FP8_CTAS_PER_SM * num_sms // (batch * num_kv_heads)
     return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
+
+
+def _built(kernels: dict[tuple, object], build: dict[str, int], make) -> object:
+    """The kernel of ``build`` from the cache ``kernels``, made by ``make(**build)`` on first use."""
+    key = tuple(sorted(build.items()))
+    if key not in kernels:
+        kernels[key] = make(**build)
+    return kernels[key]
 
 
 @dataclass
@@ -113,7 +122,8 @@ class MinimaDecodeWrapper:
     pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
     Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
     ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s for the batch (e.g. warps,
-    min_blocks).
+    min_blocks); ``fp8_config``: of the TileLang FP8 decode over ``fp8_tile_config``'s (e.g.
+    pages_per_step).
     """
 
     def __init__(
@@ -130,6 +140,7 @@ class MinimaDecodeWrapper:
         overlap_fp8: bool = True,
         fp8_kernel: str = "auto",
         tq3_config: dict[str, int] | None = None,
+        fp8_config: dict[str, int] | None = None,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -162,7 +173,14 @@ class MinimaDecodeWrapper:
         }
         self._dtype_name = dtype
         self._tilelang_fp8_ok = self.group_size <= FP8_HEADS_PER_TILE and self.fp8_page_size in TILELANG_FP8_PAGE_SIZES
-        self._fp8_kernel = None  # the TileLang FP8 decode, built by the first plan() that takes it
+        # the TileLang FP8 decode's builds (fp8_tile_config's for the split length, or overridden),
+        # each built by the first plan() that takes it
+        self._fp8_config = fp8_config or {}
+        if unknown := set(self._fp8_config) - set(FP8_BUILD_OPTIONS):
+            raise ValueError(f"fp8_config: unknown options {sorted(unknown)}, the FP8 decode takes {FP8_BUILD_OPTIONS}")
+        self._fp8_kernels: dict[tuple, object] = {}
+        self._fp8_build: dict[str, int] | None = None
+        self._fp8_kernel = None
         self._side_stream = torch.cuda.Stream(self.device)
         self.overlap_fp8 = overlap_fp8  # the FP8 part on a side stream, concurrent with the TQ3 part
         self.fp8_kernel = fp8_kernel
@@ -212,17 +230,12 @@ class MinimaDecodeWrapper:
                 )
             )
         )
-        if use_tilelang and self._fp8_kernel is None:
-            self._fp8_kernel = fp8_decode_kernel(
-                self.num_kv_heads,
-                self.group_size,
-                self.head_dim,
-                self.fp8_page_size,
-                self.sm_scale,
-                self._dtype_name,
-                **fp8_tile_config(self.fp8_page_size),
-            )
-        fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, int(fp8_counts.max()))) if use_tilelang else 0
+        max_fp8_pages = int(fp8_counts.max())
+        fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
+        fp8_build = {
+            **fp8_tile_config(self.fp8_page_size, self.head_dim, -(-max_fp8_pages // max(fp8_splits, 1))),
+            **self._fp8_config,
+        }
         tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config}
         tq3_splits = (
             num_splits
@@ -233,19 +246,18 @@ class MinimaDecodeWrapper:
         for name, splits, used in (("num_fp8_splits", fp8_splits, use_tilelang), ("num_splits", tq3_splits, has_tq3)):
             if used and not 1 <= splits <= MAX_SPLITS:
                 raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
-        tq3_key = tuple(sorted(tq3_build.items()))
-        if has_tq3 and tq3_key not in self._tq3_kernels:
-            self._tq3_kernels[tq3_key] = tq3_decode_kernel(
-                self.num_kv_heads,
-                self.group_size,
-                self.head_dim,
-                self.page_size,
-                self.sm_scale,
-                key_centroids_fp16(self.head_dim),
-                **tq3_build,
-            )
+        # the kernels of the two builds, each compiled on first use (a failed build leaves the plan as it was)
+        shape = (self.num_kv_heads, self.group_size, self.head_dim)
+        fp8_kernel = tq3_kernel = None
+        if use_tilelang:
+            make = partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
+            fp8_kernel = _built(self._fp8_kernels, fp8_build, make)
+        if has_tq3:
+            make = partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim))
+            tq3_kernel = _built(self._tq3_kernels, tq3_build, make)
         # validated: from here on the wrapper's state changes
-        self._tq3_build, self._tq3_kernel = (tq3_build, self._tq3_kernels[tq3_key]) if has_tq3 else (None, None)
+        self._tq3_build, self._tq3_kernel = (tq3_build, tq3_kernel) if has_tq3 else (None, None)
+        self._fp8_build, self._fp8_kernel = (fp8_build, fp8_kernel) if use_tilelang else (None, None)
         self._batch = batch
         self._has_fp8, self._has_tq3 = has_fp8, has_tq3
         dev = self.device
@@ -255,7 +267,10 @@ class MinimaDecodeWrapper:
             hq, d = self.num_qo_heads, self.head_dim
             self.fp8_plan = FP8SplitPlan(
                 page_indptr=fp8_indptr.to(dev, torch.int32),
-                page_ids=fp8_page_ids.to(dev, torch.int32),
+                # a step of several pages reads up to pages_per_step - 1 ids past a split's last page
+                page_ids=torch.cat(
+                    [fp8_page_ids.to(torch.int32), torch.zeros(fp8_build["pages_per_step"] - 1, dtype=torch.int32)]
+                ).to(dev),
                 last_page_len=fp8_last_page_len.to(dev, torch.int32),
                 num_splits=splits,
                 out_partial=torch.empty(batch, hq, splits, d, device=dev, dtype=torch.float32),

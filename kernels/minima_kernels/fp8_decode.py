@@ -23,11 +23,20 @@ from .tq3_decode import LOG2E
 HEADS_PER_TILE = 16  # the MMA's M: the group's query heads, padded
 
 
-def fp8_tile_config(page_size: int) -> dict[str, int]:
-    """Compute threads per CTA (TileLang adds a producer warp group for the copies) and pipeline
-    stages: a warp per 16 tokens of the page, up to 4 (GEMM 1 splits the page's tokens over the warps,
-    at least 16 each)."""
-    return {"threads": 32 * max(1, min(4, page_size // 16)), "stages": 2}
+FP8_BUILD_OPTIONS = ("threads", "stages", "pages_per_step")  # fp8_decode_kernel's
+TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
+TWO_PAGE_STEP_MAX_HEAD_DIM = 128  # 2 pages of K and V per stage at head dim 256: more shared memory than an SM has
+
+
+def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
+    """Compute threads per CTA (TileLang adds a producer warp group for the copies: a warp per 16
+    tokens of the page, up to 4; GEMM 1 splits the page's tokens over the warps, at least 16 each),
+    pipeline stages, and pages per step: 2 for splits of at least TWO_PAGE_STEP_MIN_PAGES pages at head
+    dims up to 128, where the per-step latency sets the time (H200, the FP8 part alone: 9q/3kv/64
+    batch 8 x 32K 33.0 -> 27.8 us, 32q/8kv/128 batch 1 x 128K 51.1 -> 44.1 us); shorter splits lose a
+    half step at their end (9q/3kv/64 batch 1 x 32K, 3 pages per split: 10.6 -> 11.6 us)."""
+    two = head_dim <= TWO_PAGE_STEP_MAX_HEAD_DIM and pages_per_split >= TWO_PAGE_STEP_MIN_PAGES
+    return {"threads": 32 * max(1, min(4, page_size // 16)), "stages": 2, "pages_per_step": 2 if two else 1}
 
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
@@ -41,17 +50,24 @@ def fp8_decode_kernel(
     *,
     threads: int = 128,
     stages: int = 2,
+    pages_per_step: int = 1,
 ):
     """Partial decode over FP8 pages. Shapes (dynamic: batch, num_pages, nnz, num_splits): q [batch,
     H*G, D] (``dtype``); k_pool / v_pool [num_pages, page_size, H, D] e4m3; page_indptr [batch+1],
     page_ids [nnz], last_page_len [batch] int32; k_scale, v_scale fp32 scalars -> out_partial [batch,
     H*G, num_splits, D] fp32, lse_partial [batch, H*G, num_splits] fp32 (base 2). A split without pages
-    writes out = 0, lse = -inf. Requests may have no FP8 page (all their splits empty)."""
+    writes out = 0, lse = -inf. Requests may have no FP8 page (all their splits empty).
+    ``pages_per_step``: pages per pipeline step (one score tile of pages_per_step x page_size tokens):
+    fewer steps per split, each with one softmax update and two GEMMs over more tokens. page_ids must
+    then hold pages_per_step - 1 valid page ids past its end (``MinimaDecodeWrapper.plan`` pads it)."""
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
+    if pages_per_step not in (1, 2):
+        raise ValueError(f"pages_per_step={pages_per_step}: 1 or 2")
     if G > HEADS_PER_TILE:
         raise ValueError(f"group_size={G}: the FP8 decode puts at most {HEADS_PER_TILE} query heads in a tile")
     M = HEADS_PER_TILE
-    N = P  # tokens per step: one page
+    S = pages_per_step
+    N = P * S  # tokens per step
     heads = H * G
     scale = sm_scale * LOG2E
     neg_inf = -T.infinity(T.float32)
@@ -90,8 +106,13 @@ def fp8_decode_kernel(
             per_split = T.ceildiv(n_pages, num_splits)
             p_lo = T.min(sid * per_split, n_pages)
             p_hi = T.min(p_lo + per_split, n_pages)
-            # tokens of the request: its last page holds last_page_len of them
-            n_tokens = (n_pages - 1) * P + last_page_len[bid]
+            # tokens a step may attend: the request's (its last page holds last_page_len of them) and,
+            # with several pages per step, the split's (a step's pages past the split's last one are
+            # read, from the padded page list, and masked out)
+            if S == 1:
+                n_tokens = (n_pages - 1) * P + last_page_len[bid]
+            else:
+                n_tokens = T.min((n_pages - 1) * P + last_page_len[bid], p_hi * P)
             score_scale = k_scale * T.float32(scale)
 
             for i, d in T.Parallel(M, D):
@@ -99,11 +120,18 @@ def fp8_decode_kernel(
             T.fill(acc_o, 0)
             T.fill(l_i, 0)
             T.fill(m_i, neg_inf)
-            for it in T.Pipelined(p_hi - p_lo, num_stages=stages):
+            for it in T.Pipelined(p_hi - p_lo if S == 1 else T.ceildiv(p_hi - p_lo, S), num_stages=stages):
                 # the page id inline in the copy (not bound to a name first): TileLang then pipelines
-                # the copies (TMA, a producer warp group) ahead of the GEMMs
-                T.copy(k_pool[page_ids[first + p_lo + it], 0:P, hk, 0:D], k8_s)
-                T.copy(v_pool[page_ids[first + p_lo + it], 0:P, hk, 0:D], v8_s)
+                # the copies (TMA, a producer warp group) ahead of the GEMMs; written out per page (a
+                # T.unroll loop around them loses the TMA pipeline)
+                if S == 1:
+                    T.copy(k_pool[page_ids[first + p_lo + it], 0:P, hk, 0:D], k8_s)
+                    T.copy(v_pool[page_ids[first + p_lo + it], 0:P, hk, 0:D], v8_s)
+                else:
+                    T.copy(k_pool[page_ids[first + p_lo + it * S], 0:P, hk, 0:D], k8_s[0:P, 0:D])
+                    T.copy(v_pool[page_ids[first + p_lo + it * S], 0:P, hk, 0:D], v8_s[0:P, 0:D])
+                    T.copy(k_pool[page_ids[first + p_lo + it * S + 1], 0:P, hk, 0:D], k8_s[P : 2 * P, 0:D])
+                    T.copy(v_pool[page_ids[first + p_lo + it * S + 1], 0:P, hk, 0:D], v8_s[P : 2 * P, 0:D])
                 # tokens past the request's last one get score -inf and a zero value row (a free
                 # slot's bytes may be e4m3 NaN, and 0 * NaN is NaN)
                 for j, d in T.Parallel(N, D):
@@ -111,7 +139,7 @@ def fp8_decode_kernel(
                 T.clear(acc_s)
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(M, N):
-                    acc_s[i, j] = T.if_then_else((p_lo + it) * P + j < n_tokens, acc_s[i, j] * score_scale, neg_inf)
+                    acc_s[i, j] = T.if_then_else((p_lo + it * S) * P + j < n_tokens, acc_s[i, j] * score_scale, neg_inf)
                 T.copy(m_i, m_prev)
                 T.reduce_max(acc_s, m_i, dim=1, clear=False)
                 for i in T.Parallel(M):
@@ -125,7 +153,7 @@ def fp8_decode_kernel(
                 for i, d in T.Parallel(M, D):
                     acc_o[i, d] *= alpha[i]
                 for j, d in T.Parallel(N, D):
-                    v_s[j, d] = T.if_then_else((p_lo + it) * P + j < n_tokens, T.Cast(T.float16, v8_s[j, d]), T.float16(0))
+                    v_s[j, d] = T.if_then_else((p_lo + it * S) * P + j < n_tokens, T.Cast(T.float16, v8_s[j, d]), T.float16(0))
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullRow)
             for i, d in T.Parallel(M, D):
                 if i < G:

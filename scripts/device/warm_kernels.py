@@ -55,10 +55,13 @@ def tilelang_jobs(decode_only: bool):
                 f"epilogue {hq}/{h}/{d} fp8={state}",
                 lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "bfloat16"),
             )
-        yield (
-            f"fp8 decode {hq}/{h}/{d}/p{p}",
-            lambda h=h, g=g, d=d, p=p: fp8_decode_kernel(h, g, d, p, d**-0.5, "bfloat16", **fp8_tile_config(p)),
-        )
+        for pages in (1, 2) if d <= 128 else (1,):
+            yield (
+                f"fp8 decode {hq}/{h}/{d}/p{p} pages_per_step={pages}",
+                lambda h=h, g=g, d=d, p=p, pages=pages: fp8_decode_kernel(
+                    h, g, d, p, d**-0.5, "bfloat16", **{**fp8_tile_config(p), "pages_per_step": pages}
+                ),
+            )
         if not decode_only:
             yield (
                 f"fp8_to_tq3 {h}/{d}/p{p}",

@@ -48,6 +48,9 @@ def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     # the FP8 decode: its page copies pipelined by TMA (TileLang's warp-specialized producer)
     src = _compile(fp8_decode_kernel, h, g, d, p, d**-0.5, "bfloat16", **fp8_tile_config(p))
     assert src.count("tl::tma_load(") == 2
+    if d <= 128:  # two pages per step: four TMA loads, still pipelined
+        src = _compile(fp8_decode_kernel, h, g, d, p, d**-0.5, "bfloat16", **{**fp8_tile_config(p), "pages_per_step": 2})
+        assert src.count("tl::tma_load(") == 4
 
 
 @pytest.mark.parametrize("page", [16, 32, 64])

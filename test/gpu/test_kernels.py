@@ -112,14 +112,19 @@ def test_all_fp8_and_all_tq3(hq: int, h: int, d: int, p: int) -> None:
     _check(all_tq3, *_run_poisoned(wrapper, all_tq3), hq, d)
 
 
+@pytest.mark.parametrize("pages_per_step", [1, 2])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tilelang_fp8_more_splits_than_pages_and_nan_slots(hq: int, h: int, d: int, p: int) -> None:
+def test_tilelang_fp8_more_splits_than_pages_and_nan_slots(hq: int, h: int, d: int, p: int, pages_per_step: int) -> None:
     # the TileLang FP8 decode with 8 splits over 1-3 pages per request (empty splits), partial last
-    # pages inside multi-split requests, and e4m3 NaN (0x7F) in every slot past a request's last token
+    # pages inside multi-split requests, and e4m3 NaN (0x7F) in every slot past a request's last token;
+    # with 2 pages per step, splits of odd page counts (23 pages in 8 splits of 3: a step whose second
+    # page is past the split)
     from kv_fixtures import make_batch
 
-    batch = make_batch(hq, h, d, p, [3, 1, 2], [2, 1, 3], [5, p, 1], seed=hq + 7, unused_slot_byte=0x7F)
-    wrapper = _wrapper(hq, h, d, p, "tilelang")
+    if pages_per_step > 1 and d > 128:
+        pytest.skip("2 pages per step: more shared memory than an SM has at head dim 256")
+    batch = make_batch(hq, h, d, p, [3, 1, 2, 23], [2, 1, 3, 1], [5, p, 1, 3], seed=hq + 7, unused_slot_byte=0x7F)
+    wrapper = _wrapper(hq, h, d, p, "tilelang", fp8_config={"pages_per_step": pages_per_step})
     out, lse = _run_poisoned(wrapper, batch, num_fp8_splits=8)
     assert wrapper.fp8_plan.num_splits == 8
     _check(batch, out, lse, hq, d)
@@ -152,6 +157,27 @@ def test_single_request_takes_its_own_build(hq: int, h: int, d: int, p: int) -> 
         assert wrapper._tq3_build == build
         assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper._tq3_kernel.get_kernel_source()
     assert len(wrapper._tq3_kernels) == (1 if d == 128 else 2)
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_fp8_build_follows_split_length(hq: int, h: int, d: int, p: int) -> None:
+    # fp8_tile_config: a single request with 400 FP8 pages has splits of 13 / 25 / 10 pages (head dims
+    # 256 / 128 / 64), so the TileLang FP8 decode takes 2 pages per step at head dims <= 128; 3 requests
+    # of few pages go back to 1 page per step; each plan's outputs match the reference
+    from kv_fixtures import make_batch
+    from minima_kernels.decode import choose_fp8_splits
+    from minima_kernels.fp8_decode import fp8_tile_config
+
+    wrapper = _wrapper(hq, h, d, p, "tilelang")
+    long_one = make_batch(hq, h, d, p, [400], [40], [p - 3], seed=hq + 21)
+    three = make_batch(hq, h, d, p, [3, 1, 2], [2, 1, 3], [5, p, 1], seed=hq + 22)
+    for batch, size, max_pages, two_pages in ((long_one, 1, 400, d <= 128), (three, 3, 3, False), (long_one, 1, 400, d <= 128)):
+        _check(batch, *_run_poisoned(wrapper, batch), hq, d)
+        splits = choose_fp8_splits(size, h, max_pages)
+        assert wrapper.fp8_plan.num_splits == splits
+        assert wrapper._fp8_build == fp8_tile_config(p, d, math.ceil(max_pages / splits))
+        assert wrapper._fp8_build["pages_per_step"] == (2 if two_pages else 1)
+    assert len(wrapper._fp8_kernels) == (2 if d <= 128 else 1)
 
 
 def test_long_context_many_splits() -> None:

@@ -1,0 +1,35 @@
+"""The TileLang FP8 decode's split count and build, against the choices the H200 measurements made
+(docs/results/kernels.md). Pure functions: no GPU needed, but minima_kernels imports tilelang and
+flashinfer (the gpu extra)."""
+
+import pytest
+
+pytest.importorskip("tilelang")
+pytest.importorskip("flashinfer")
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,max_pages,splits",
+    [
+        (1, 4, 128, 33),  # one CTA per SM: 132 SMs / 4 (request, kv head) pairs
+        (1, 3, 512, 44),
+        (8, 3, 128, 5),
+        (8, 8, 128, 2),
+        (2, 8, 4, 2),  # at least 2 pages per split
+    ],
+)
+def test_fp8_splits(batch: int, kv_heads: int, max_pages: int, splits: int) -> None:
+    from minima_kernels.decode import choose_fp8_splits
+
+    assert choose_fp8_splits(batch, kv_heads, max_pages) == splits
+
+
+@pytest.mark.parametrize(
+    "head_dim,pages_per_split,pages_per_step",
+    [(64, 24, 2), (128, 16, 2), (128, 8, 2), (64, 7, 1), (64, 6, 1), (256, 32, 1)],
+)
+def test_fp8_pages_per_step(head_dim: int, pages_per_split: int, pages_per_step: int) -> None:
+    from minima_kernels.fp8_decode import fp8_tile_config
+
+    build = fp8_tile_config(64, head_dim, pages_per_split)
+    assert build == {"threads": 128, "stages": 2, "pages_per_step": pages_per_step}
