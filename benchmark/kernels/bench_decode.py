@@ -29,7 +29,7 @@ from minima_kernels import (
     tq3_decode_kernel,
     tq3_to_fp8,
 )
-from minima_kernels.decode import key_centroids_fp16
+from minima_kernels.decode import TILELANG_FP8_MAX_TOKENS, key_centroids_fp16
 from minima_kernels.rotation_merge import MAX_SPLITS
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
@@ -433,6 +433,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "roofline_tbps": ROOFLINE_TBPS,
         "page_size": PAGE,
+        "tilelang_fp8_max_tokens": TILELANG_FP8_MAX_TOKENS,  # fp8_kernel="auto"'s thresholds, by head dim
         "decode": [],
         "not_run": [],
     }

@@ -93,7 +93,9 @@ def plot_fp8_kernels(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     page_size = result["page_size"]
-    thresholds = {"24q/4kv/256": 16384, "32q/8kv/128": 8192, "9q/3kv/64": 28672}  # decode.TILELANG_FP8_MAX_TOKENS
+    # auto's thresholds by head dim, as the run had them (decode.TILELANG_FP8_MAX_TOKENS)
+    by_dim = {int(d): t for d, t in result.get("tilelang_fp8_max_tokens", {}).items()}
+    thresholds = {geom: by_dim[int(geom.split("/")[-1])] for geom in {r["geom"] for r in result["decode"]} if int(geom.split("/")[-1]) in by_dim}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, geom in enumerate(dict.fromkeys(r["geom"] for r in result["decode"])):
         pts = sorted(

@@ -230,7 +230,7 @@ class MinimaDecodeWrapper:
                 )
             )
         )
-        max_fp8_pages = int(fp8_counts.max())
+        max_fp8_pages = max(fp8_counts.tolist(), default=0)
         fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
         fp8_build = {
             **fp8_tile_config(self.fp8_page_size, self.head_dim, -(-max_fp8_pages // max(fp8_splits, 1))),
@@ -269,7 +269,7 @@ class MinimaDecodeWrapper:
                 page_indptr=fp8_indptr.to(dev, torch.int32),
                 # a step of several pages reads up to pages_per_step - 1 ids past a split's last page
                 page_ids=torch.cat(
-                    [fp8_page_ids.to(torch.int32), torch.zeros(fp8_build["pages_per_step"] - 1, dtype=torch.int32)]
+                    [fp8_page_ids.to(torch.int32), fp8_page_ids.new_zeros(fp8_build["pages_per_step"] - 1, dtype=torch.int32)]
                 ).to(dev),
                 last_page_len=fp8_last_page_len.to(dev, torch.int32),
                 num_splits=splits,

@@ -25,7 +25,7 @@ HEADS_PER_TILE = 16  # the MMA's M: the group's query heads, padded
 
 FP8_BUILD_OPTIONS = ("threads", "stages", "pages_per_step")  # fp8_decode_kernel's
 TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
-TWO_PAGE_STEP_MAX_HEAD_DIM = 128  # 2 pages of K and V per stage at head dim 256: more shared memory than an SM has
+TWO_PAGE_STEP_MAX_HEAD_DIM = 128  # built and measured up to here (head dim 256, page 64: more shared memory than an SM has)
 
 
 def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
@@ -63,6 +63,8 @@ def fp8_decode_kernel(
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
     if pages_per_step not in (1, 2):
         raise ValueError(f"pages_per_step={pages_per_step}: 1 or 2")
+    if pages_per_step > 1 and head_dim > TWO_PAGE_STEP_MAX_HEAD_DIM:
+        raise ValueError(f"pages_per_step={pages_per_step}: built and tested for head dims up to {TWO_PAGE_STEP_MAX_HEAD_DIM}, got {head_dim}")
     if G > HEADS_PER_TILE:
         raise ValueError(f"group_size={G}: the FP8 decode puts at most {HEADS_PER_TILE} query heads in a tile")
     M = HEADS_PER_TILE

@@ -44,7 +44,7 @@ def ablate(geom: str, batch: int, ctx: int, stale: float = 0.75) -> dict:
     row["mixed"] = us(mixed)
     for part in PARTS:  # the mixed decode without this part
         setattr(w, part, lambda *a, **k: None)
-        row[f"without{part}"] = us(mixed)
+        row[f"without_{part.lstrip('_')}"] = us(mixed)
         delattr(w, part)
     row["only_rotate"] = us(partial(w._rotate_queries, q, signs))
     row["only_tq3_kernel"] = us(partial(w._split_decode, w.tq3_plan.q_rot, tq3))

@@ -24,7 +24,13 @@ TQ3_BUILDS = {  # over tile_config(..., batch=1)
     "8w1cta_stages4": {"warps": 8, "min_blocks": 1, "stages": 4},
     "4w2cta_stages4": {"warps": 4, "min_blocks": 2, "stages": 4},
 }
-FP8_BUILDS = {"library": {}, "stages3": {"stages": 3}, "stages4": {"stages": 4}, "2pages": {"pages_per_step": 2}, "2pages_stages3": {"pages_per_step": 2, "stages": 3}}
+FP8_BUILDS = {  # over fp8_tile_config's; pages per step pinned (the wrapper would pick it by split length)
+    "library": {"pages_per_step": 1},  # the 1-page build, as when kernels_h200_batch1_sweep.json was measured
+    "stages3": {"stages": 3, "pages_per_step": 1},
+    "stages4": {"stages": 4, "pages_per_step": 1},
+    "2pages": {"pages_per_step": 2},
+    "2pages_stages3": {"pages_per_step": 2, "stages": 3},
+}
 
 
 def tq3_build(d: int, name: str) -> dict:

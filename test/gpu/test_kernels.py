@@ -117,16 +117,17 @@ def test_all_fp8_and_all_tq3(hq: int, h: int, d: int, p: int) -> None:
 def test_tilelang_fp8_more_splits_than_pages_and_nan_slots(hq: int, h: int, d: int, p: int, pages_per_step: int) -> None:
     # the TileLang FP8 decode with 8 splits over 1-3 pages per request (empty splits), partial last
     # pages inside multi-split requests, and e4m3 NaN (0x7F) in every slot past a request's last token;
-    # with 2 pages per step, splits of odd page counts (23 pages in 8 splits of 3: a step whose second
+    # with 2 pages per step, splits of odd page counts (24 pages in 8 splits of 3: a step whose second
     # page is past the split)
     from kv_fixtures import make_batch
 
     if pages_per_step > 1 and d > 128:
         pytest.skip("2 pages per step: more shared memory than an SM has at head dim 256")
-    batch = make_batch(hq, h, d, p, [3, 1, 2, 23], [2, 1, 3, 1], [5, p, 1, 3], seed=hq + 7, unused_slot_byte=0x7F)
+    batch = make_batch(hq, h, d, p, [3, 1, 2, 24], [2, 1, 3, 1], [5, p, 1, 3], seed=hq + 7, unused_slot_byte=0x7F)
     wrapper = _wrapper(hq, h, d, p, "tilelang", fp8_config={"pages_per_step": pages_per_step})
     out, lse = _run_poisoned(wrapper, batch, num_fp8_splits=8)
     assert wrapper.fp8_plan.num_splits == 8
+    assert wrapper.fp8_plan.page_ids.numel() == 30 + pages_per_step - 1  # the last split's step reads one id past the list
     _check(batch, out, lse, hq, d)
 
 

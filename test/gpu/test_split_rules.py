@@ -33,3 +33,10 @@ def test_fp8_pages_per_step(head_dim: int, pages_per_split: int, pages_per_step:
 
     build = fp8_tile_config(64, head_dim, pages_per_split)
     assert build == {"threads": 128, "stages": 2, "pages_per_step": pages_per_step}
+
+
+def test_two_page_steps_past_the_tested_head_dims_are_refused() -> None:
+    from minima_kernels.fp8_decode import fp8_decode_kernel
+
+    with pytest.raises(ValueError, match="pages_per_step=2"):
+        fp8_decode_kernel(4, 6, 256, 64, 256**-0.5, "bfloat16", pages_per_step=2)
