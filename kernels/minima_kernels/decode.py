@@ -74,6 +74,14 @@ def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: in
     return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
 
 
+def _build_overrides(name: str, config: dict[str, int] | None, options: tuple[str, ...]) -> dict[str, int]:
+    """A kernel's build options given by the caller (``name``), checked against the ones it takes."""
+    config = config or {}
+    if unknown := set(config) - set(options):
+        raise ValueError(f"{name}: unknown options {sorted(unknown)}, the kernel takes {options}")
+    return config
+
+
 def _built(kernels: dict[tuple, object], build: dict[str, int], make) -> object:
     """The kernel of ``build`` from the cache ``kernels``, made by ``make(**build)`` on first use."""
     key = tuple(sorted(build.items()))
@@ -157,9 +165,7 @@ class MinimaDecodeWrapper:
         self._fp8 = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
         # the TQ3 decode's builds (warps, resident CTAs per SM, ...): tile_config's for the batch, or
         # overridden; each built by the first plan() that takes it
-        self._tq3_config = tq3_config or {}
-        if unknown := set(self._tq3_config) - set(TQ3_BUILD_OPTIONS):
-            raise ValueError(f"tq3_config: unknown options {sorted(unknown)}, the TQ3 decode takes {TQ3_BUILD_OPTIONS}")
+        self._tq3_config = _build_overrides("tq3_config", tq3_config, TQ3_BUILD_OPTIONS)
         self._tq3_kernels: dict[tuple, object] = {}
         self._tq3_build: dict[str, int] | None = None
         self._tq3_kernel = None
@@ -175,9 +181,7 @@ class MinimaDecodeWrapper:
         self._tilelang_fp8_ok = self.group_size <= FP8_HEADS_PER_TILE and self.fp8_page_size in TILELANG_FP8_PAGE_SIZES
         # the TileLang FP8 decode's builds (fp8_tile_config's for the split length, or overridden),
         # each built by the first plan() that takes it
-        self._fp8_config = fp8_config or {}
-        if unknown := set(self._fp8_config) - set(FP8_BUILD_OPTIONS):
-            raise ValueError(f"fp8_config: unknown options {sorted(unknown)}, the FP8 decode takes {FP8_BUILD_OPTIONS}")
+        self._fp8_config = _build_overrides("fp8_config", fp8_config, FP8_BUILD_OPTIONS)
         self._fp8_kernels: dict[tuple, object] = {}
         self._fp8_build: dict[str, int] | None = None
         self._fp8_kernel = None
@@ -232,11 +236,7 @@ class MinimaDecodeWrapper:
         )
         max_fp8_pages = max(fp8_counts.tolist(), default=0)
         fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
-        fp8_build = {
-            **fp8_tile_config(self.fp8_page_size, self.head_dim, -(-max_fp8_pages // max(fp8_splits, 1))),
-            **self._fp8_config,
-        }
-        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config}
+        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config} if has_tq3 else None
         tq3_splits = (
             num_splits
             or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim, build=tq3_build)
@@ -246,6 +246,11 @@ class MinimaDecodeWrapper:
         for name, splits, used in (("num_fp8_splits", fp8_splits, use_tilelang), ("num_splits", tq3_splits, has_tq3)):
             if used and not 1 <= splits <= MAX_SPLITS:
                 raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
+        fp8_build = (
+            {**fp8_tile_config(self.fp8_page_size, self.head_dim, -(-max_fp8_pages // fp8_splits)), **self._fp8_config}
+            if use_tilelang
+            else None
+        )
         # the kernels of the two builds, each compiled on first use (a failed build leaves the plan as it was)
         shape = (self.num_kv_heads, self.group_size, self.head_dim)
         fp8_kernel = tq3_kernel = None
@@ -256,15 +261,14 @@ class MinimaDecodeWrapper:
             make = partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim))
             tq3_kernel = _built(self._tq3_kernels, tq3_build, make)
         # validated: from here on the wrapper's state changes
-        self._tq3_build, self._tq3_kernel = (tq3_build, tq3_kernel) if has_tq3 else (None, None)
-        self._fp8_build, self._fp8_kernel = (fp8_build, fp8_kernel) if use_tilelang else (None, None)
+        self._tq3_build, self._tq3_kernel = tq3_build, tq3_kernel
+        self._fp8_build, self._fp8_kernel = fp8_build, fp8_kernel
         self._batch = batch
         self._has_fp8, self._has_tq3 = has_fp8, has_tq3
         dev = self.device
         self.fp8_plan = None
         if use_tilelang:
-            splits = fp8_splits
-            hq, d = self.num_qo_heads, self.head_dim
+            hq, d, splits = self.num_qo_heads, self.head_dim, fp8_splits
             self.fp8_plan = FP8SplitPlan(
                 page_indptr=fp8_indptr.to(dev, torch.int32),
                 # a step of several pages reads up to pages_per_step - 1 ids past a split's last page

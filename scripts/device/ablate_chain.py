@@ -1,7 +1,7 @@
 """Which launch sets the mixed decode's time: the mixed decode with one of its parts left out (outputs
 wrong, timing only), and each part alone, CUDA-graph medians in microseconds. 75% Stale, page 64.
 
-    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/ablate_chain.py [GEOM:B:CTX ...] > out.json
+    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/ablate_chain.py out.json [GEOM:B:CTX ...]
 """
 
 import json
@@ -56,10 +56,11 @@ def ablate(geom: str, batch: int, ctx: int, stale: float = 0.75) -> dict:
 
 
 if __name__ == "__main__":
-    configs = sys.argv[1:] or [f"{g}:{b}:32768" for b in (1, 8) for g in GEOMETRIES] + [f"{g}:1:131072" for g in GEOMETRIES]
+    configs = sys.argv[2:] or [f"{g}:{b}:32768" for b in (1, 8) for g in GEOMETRIES] + [f"{g}:1:131072" for g in GEOMETRIES]
     rows = []
     for c in configs:
         g, b, ctx = c.split(":")
         rows.append(ablate(g, int(b), int(ctx)))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(json.dumps(rows, indent=1))
+    with open(sys.argv[1], "w") as f:  # not stdout: TileLang logs its builds there
+        json.dump(rows, f, indent=1)

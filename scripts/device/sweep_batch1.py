@@ -2,7 +2,7 @@
 deeper copy rings (more bytes in flight per warp), fewer warps, split counts x 0.5 / 1 / 2. CUDA-graph
 medians in microseconds.
 
-    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/sweep_batch1.py > out.json
+    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/sweep_batch1.py out.json
 """
 
 import json
@@ -82,37 +82,30 @@ def sweep(geom: str, ctx: int, stale: float = 0.75) -> list[dict]:
     us = lambda fn: round(bench_ms(fn)[0] * 1e3, 2)  # noqa: E731
     rows = []
     base = {"geom": geom, "ctx": ctx, "stale": stale}
-    for name in TQ3_BUILDS:
-        try:
-            w = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="tilelang", tq3_config=TQ3_BUILDS[name])
-            w.plan(*plan_args)
-            default = w.tq3_plan.num_splits
-            for splits in sorted({max(1, default // 2), default, 2 * default}):
-                w.plan(*plan_args, num_splits=splits)
-                rows.append(dict(base, tq3_build=name, tq3_splits=splits, default_splits=default,
-                                 mixed_us=us(partial(w.run, q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)),
-                                 tq3_kernel_us=us(partial(w._split_decode, w.tq3_plan.q_rot, tq3))))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        except Exception as e:  # noqa: BLE001
-            rows.append(dict(base, tq3_build=name, error=f"{type(e).__name__}: {e}"[:300]))
-    for name in FP8_BUILDS:
-        if fp8_build(d, name) is None:
-            continue
-        try:
-            w = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="tilelang", fp8_config=FP8_BUILDS[name])
-            w.plan(*plan_args)
-            default = w.fp8_plan.num_splits
-            for splits in sorted({max(1, default // 2), default, 2 * default}):
-                w.plan(*plan_args, num_fp8_splits=splits)
-                rows.append(dict(base, fp8_build=name, fp8_splits=splits, default_splits=default,
-                                 mixed_us=us(partial(w.run, q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)),
-                                 fp8_kernel_us=us(partial(w.run_fp8, q, (k8, v8), k_scale=0.5, v_scale=0.5))))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        except Exception as e:  # noqa: BLE001
-            rows.append(dict(base, fp8_build=name, error=f"{type(e).__name__}: {e}"[:300]))
+    mixed = lambda w: partial(w.run, q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)  # noqa: E731
+    alone = {  # each part's kernel alone
+        "tq3": lambda w: partial(w._split_decode, w.tq3_plan.q_rot, tq3),
+        "fp8": lambda w: partial(w.run_fp8, q, (k8, v8), k_scale=0.5, v_scale=0.5),
+    }
+    for part, builds, knob in (("tq3", TQ3_BUILDS, "num_splits"), ("fp8", FP8_BUILDS, "num_fp8_splits")):
+        for name, config in builds.items():
+            if part == "fp8" and fp8_build(d, name) is None:
+                continue
+            try:
+                w = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="tilelang", **{f"{part}_config": config})
+                w.plan(*plan_args)
+                default = getattr(w, f"{part}_plan").num_splits
+                for splits in sorted({max(1, default // 2), default, 2 * default}):
+                    w.plan(*plan_args, **{knob: splits})
+                    row = {f"{part}_build": name, f"{part}_splits": splits, "default_splits": default}
+                    row.update(mixed_us=us(mixed(w)), **{f"{part}_kernel_us": us(alone[part](w))})
+                    rows.append(dict(base, **row))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            except Exception as e:  # noqa: BLE001 - e.g. past an SM's shared memory: the row says so
+                rows.append(dict(base, **{f"{part}_build": name}, error=f"{type(e).__name__}: {e}"[:300]))
     w = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="flashinfer")
     w.plan(*plan_args)
-    rows.append(dict(base, fp8_build="flashinfer", mixed_us=us(partial(w.run, q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))))
+    rows.append(dict(base, fp8_build="flashinfer", mixed_us=us(mixed(w))))
     return rows
 
 
@@ -122,4 +115,5 @@ if __name__ == "__main__":
     for ctx in (32768, 131072):
         for geom in GEOMETRIES:
             rows += sweep(geom, ctx)
-    print(json.dumps(rows, indent=1))
+    with open(sys.argv[1], "w") as f:  # not stdout: TileLang logs its builds there
+        json.dump(rows, f, indent=1)
