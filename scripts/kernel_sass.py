@@ -5,6 +5,7 @@ disassembles it, so a change to the decode can be weighed in instructions per 16
 any device time is spent (docs/results/kernels.md quotes these counts).
 
     python scripts/kernel_sass.py 24/4/256 [--page 64] [--set warps=12 --set shift_by_imad=1] [--sass out.sass]
+    python scripts/kernel_sass.py 24/4/256 --fused     # mixed_decode_kernel: its TQ3 and FP8 roles' loops
 
 Needs tilelang (the gpu extra), nvcc, and cuobjdump with nvdisasm (on PATH, or
 ``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``).
@@ -26,6 +27,7 @@ sys.path[:0] = [str(ROOT / "kernels"), str(ROOT / "python")]
 import tilelang
 from minima_kernels import tile_config, tq3_decode_kernel
 from minima_kernels.decode import key_centroids_fp16
+from minima_kernels.tq3_decode import FP8_STEP_CHUNKS, mixed_decode_kernel
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -60,11 +62,12 @@ def build_options(heads: str, page: int, options: dict) -> dict:
     return {**tile_config(hq // h, page, d), **options}
 
 
-def build_cubin(heads: str, page: int, options: dict, workdir: Path) -> Path:
+def build_cubin(heads: str, page: int, options: dict, workdir: Path, fused: bool = False) -> Path:
     hq, h, d = (int(x) for x in heads.split("/"))
     build = build_options(heads, page, options)
-    tir = tq3_decode_kernel.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), **build)
-    kernel = tilelang.compile(tir, target=SM90A, execution_backend="tvm_ffi", pass_configs=tq3_decode_kernel.pass_configs)
+    jit = mixed_decode_kernel if fused else tq3_decode_kernel
+    tir = jit.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), *(("bfloat16",) if fused else ()), **build)
+    kernel = tilelang.compile(tir, target=SM90A, execution_backend="tvm_ffi", pass_configs=jit.pass_configs)
     source = workdir / "tq3_decode.cu"
     source.write_text(kernel.get_kernel_source())
     tl = Path(tilelang.__file__).parent
@@ -74,17 +77,26 @@ def build_cubin(heads: str, page: int, options: dict, workdir: Path) -> Path:
     return cubin
 
 
-def main_loop(sass: str) -> list[str]:
-    """Instructions of the innermost loop that holds the first HMMA (the step loop)."""
+def main_loops(sass: str) -> list[list[str]]:
+    """Instructions of each innermost loop that holds HMMAs (the step loops: one per role), in code order."""
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(INSTRUCTION.match, sass.splitlines()) if m]
-    first_mma = next(a for a, text in code if "HMMA" in text)
+    mmas = [a for a, text in code if "HMMA" in text]
     loops = []
     for addr, text in code:
         target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if target and "DIV" not in text and int(target.group(1), 16) <= first_mma <= addr:
-            loops.append((addr - int(target.group(1), 16), int(target.group(1), 16), addr))
-    _, lo, hi = min(loops)
-    return [text for addr, text in code if lo <= addr <= hi]
+        if target and "DIV" not in text and any(int(target.group(1), 16) <= a <= addr for a in mmas):
+            loops.append((int(target.group(1), 16), addr))
+    innermost = []  # the shortest loops first, each disjoint from those taken (ptxas rotates loops: outer ones overlap)
+    for lo, hi in sorted(loops, key=lambda x: x[1] - x[0]):
+        if all(hi < a or b < lo for a, b in innermost):
+            innermost.append((lo, hi))
+    return [[text for addr, text in code if lo <= addr <= hi] for lo, hi in sorted(innermost)]
+
+
+def role_loops(sass: str, roles: int) -> list[list[str]]:
+    """The step loops of the TQ3 role and (``roles`` 2: mixed_decode_kernel) the FP8 role, in that
+    order: the FP8 role's is the one of e4m3 -> fp16 conversions (F2FP; the TQ3 loop's few pack p)."""
+    return sorted(main_loops(sass)[:roles], key=lambda loop: sum(opcode(t) == "F2FP" for t in loop))
 
 
 def opcode(text: str) -> str:
@@ -97,21 +109,25 @@ def main() -> None:
     ap.add_argument("--page", type=int, default=64)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=INT", help="build option over tile_config")
     ap.add_argument("--sass", help="also write the whole disassembly here")
+    ap.add_argument("--fused", action="store_true", help="mixed_decode_kernel (TQ3 and FP8 roles) instead of the TQ3 decode")
     args = ap.parse_args()
     options = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
+    if args.fused:
+        options.setdefault("fp8_step_chunks", min(FP8_STEP_CHUNKS, args.page // 16))
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = build_cubin(args.heads, args.page, options, Path(tmp))
+        cubin = build_cubin(args.heads, args.page, options, Path(tmp), args.fused)
         sass = cuobjdump(cubin, "-sass")
         usage = cuobjdump(cubin, "-res-usage")
     if args.sass:
         Path(args.sass).write_text(sass)
     resources = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
-    loop = main_loop(sass)
-    counts = collections.Counter(opcode(t) for t in loop)
     print(f"{args.heads} page {args.page} {options or ''}: {resources.group(0) if resources else usage.strip()}")
-    chunks = build_options(args.heads, args.page, options)["step_chunks"]
-    print(f"main loop (one softmax step of {chunks} 16-token chunks per warp): {len(loop)} instructions, {len(loop) / chunks:.0f} per chunk")
-    print("  " + ", ".join(f"{op} {n}" for op, n in counts.most_common()))
+    build = build_options(args.heads, args.page, options)
+    roles = [("TQ3", build["step_chunks"]), ("FP8", build.get("fp8_step_chunks", 0))][: 2 if args.fused else 1]
+    for (role, chunks), loop in zip(roles, role_loops(sass, len(roles)), strict=True):
+        counts = collections.Counter(opcode(t) for t in loop)
+        print(f"{role} main loop (one softmax step of {chunks} 16-token chunks per warp): {len(loop)} instructions, {len(loop) / chunks:.0f} per chunk")
+        print("  " + ", ".join(f"{op} {n}" for op, n in counts.most_common()))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from minima_kernels import (
     tq3_decode_kernel,
     tq3_to_fp8,
 )
-from minima_kernels.decode import TILELANG_FP8_MAX_TOKENS, key_centroids_fp16
+from minima_kernels.decode import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, key_centroids_fp16
 from minima_kernels.rotation_merge import MAX_SPLITS
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
@@ -94,7 +94,13 @@ def split_sweep(wrapper, plan_args: tuple, mixed, knob: str, candidates: set[int
     return sweep
 
 
-def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str) -> list[dict]:
+FUSED_WEIGHTS = (0.5, 1.0, 2.0)  # FP8 chunk weights of the fused decode's split rule, timed at 75% Stale
+WIDE_EPILOGUE_THREADS = 1024  # the fused decode's epilogue with 4x the threads (more loads in flight), batch <= 8
+
+
+def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str, lean: bool = False) -> list[dict]:
+    """All Stale fractions of one shape. ``lean``: FlashInfer, the mixed decode with each FP8 kernel
+    and the TQ3 kernel alone, without the split sweeps, build variants and per-part timings."""
     hq, h, d = GEOMETRIES[geom]
     pages_per_req = ctx // PAGE
     n_pages = batch * pages_per_req
@@ -126,7 +132,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
 
     fp8_ms, fp8_graph = bench_ms(flashinfer_fp8())
     # FlashInfer's CUDA-core decode kernel (SGLang picks the tensor-core one for FP8 KV): for reference
-    fp8_cuda_cores_ms, _ = bench_ms(flashinfer_fp8(tensor_cores=False))
+    fp8_cuda_cores_ms = float("nan") if lean else bench_ms(flashinfer_fp8(tensor_cores=False))[0]
     base = {
         "geom": geom,
         "batch": batch,
@@ -147,6 +153,8 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
     fp8_perm_cpu = perm.cpu()
     wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE)
+    fused = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="fused")
+    wide = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="fused", epilogue_threads=WIDE_EPILOGUE_THREADS) if batch <= 8 else None
     variant_wrappers = {}  # MIXED_TQ3_VARIANTS' mixed decodes
     one_page_wrapper = None  # the TileLang FP8 decode with 1 page per step
     for frac in STALE:
@@ -183,7 +191,27 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             speedup_vs_fp8=fp8_ms / mixed_ms,
             num_splits=wrapper.tq3_plan.num_splits if n_tq3 else 0,
         )
-        if n_tq3 and n_fp8 and batch <= 8 and frac == STALE[0]:
+        if n_tq3 and n_fp8:
+            # the FP8 pages in the TQ3 decode's grid (one launch for both formats), with the library's
+            # split rule and, at 75% Stale, with other FP8 chunk weights in it
+            fused.plan(*plan_args)
+            run_fused = partial(fused.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)
+            row["minima_fused_ms"], _ = bench_ms(run_fused)
+            row["fused_splits"] = [fused.tq3_plan.num_splits, fused.fp8_plan.num_splits]
+            if wide is not None:
+                wide.plan(*plan_args)
+                row[f"minima_fused_t{WIDE_EPILOGUE_THREADS}_ms"], _ = bench_ms(partial(wide.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
+            if frac == STALE[0]:
+                build = fused._tq3_build
+                sweep = {}
+                for weight in FUSED_WEIGHTS:
+                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, d, build, fp8_weight=weight)
+                    if splits not in sweep.values():
+                        fused.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
+                        row[f"minima_fused_w{weight}_ms"], _ = bench_ms(run_fused)
+                        sweep[weight] = splits
+                row["fused_weight_splits"] = {str(w): list(s) for w, s in sweep.items()}
+        if n_tq3 and n_fp8 and batch <= 8 and frac == STALE[0] and not lean:
             # the split count at small batch: more splits fill the GPU with shorter CTAs, fewer leave
             # SMs to FlashInfer's concurrent kernel and give the combine less to do
             chosen = wrapper.tq3_plan.num_splits
@@ -191,7 +219,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 wrapper, plan_args, mixed, "num_splits", {chosen // 4, chosen // 2, chosen, min(2 * chosen, n_tq3)}
             )
             wrapper.plan(*plan_args)
-        if n_tq3 and n_fp8 and frac in (0.75, 0.9) and batch == 1:
+        if n_tq3 and n_fp8 and frac in (0.75, 0.9) and batch == 1 and not lean:
             seen = [tile_config(0, PAGE, d, batch)]  # builds equal to the library's (at head dim 256: both) are not re-timed
             for name in MIXED_TQ3_VARIANTS:
                 build = variant_build(d, name)
@@ -202,7 +230,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 variant_wrappers[name] = variant
                 variant.plan(*plan_args)
                 row[f"minima_tq3_{name}_ms"], _ = bench_ms(partial(variant.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
-        if n_tq3 and n_fp8 and batch <= 8 and d <= 128 and frac in (0.75, 0.9):
+        if n_tq3 and n_fp8 and batch <= 8 and d <= 128 and frac in (0.75, 0.9) and not lean:
             # the TileLang FP8 decode with 1 page per step at every split length (the build before
             # fp8_tile_config's 2 pages per step for splits of 8 pages and more)
             one_page = one_page_wrapper or MinimaDecodeWrapper(
@@ -220,6 +248,8 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 wrapper.fp8_kernel = kernel
                 wrapper.plan(*plan_args)
                 row[f"minima_{kernel}_fp8_ms"], _ = bench_ms(mixed)
+                if lean:
+                    continue
                 row[f"fp8_part_{kernel}_ms"], _ = bench_ms(partial(wrapper.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
                 if kernel == "tilelang":
                     chosen = row["fp8_tilelang_splits"] = wrapper.fp8_plan.num_splits
@@ -230,10 +260,11 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # where the time goes: each part alone, and the same launches on one stream (what the
             # overlap buys)
             # (FlashInfer for the FP8 part, planned last above)
-            row["glue_ms"], _ = bench_ms(partial(wrapper.run_glue, gen_q, signs))
-            wrapper.overlap_fp8 = False
-            row["minima_serial_ms"], _ = bench_ms(mixed)
-            wrapper.overlap_fp8 = True
+            if not lean:
+                row["glue_ms"], _ = bench_ms(partial(wrapper.run_glue, gen_q, signs))
+                wrapper.overlap_fp8 = False
+                row["minima_serial_ms"], _ = bench_ms(mixed)
+                wrapper.overlap_fp8 = True
             wrapper.fp8_kernel = "auto"
             wrapper.plan(*plan_args)
         if n_tq3:
@@ -421,6 +452,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--skip-conversion", action="store_true", help="leave out the conversion throughput")
     ap.add_argument("--variants-only", action="store_true", help="only the TQ3 kernel build variants")
+    ap.add_argument("--lean", action="store_true", help="decode shapes only, without sweeps, variants and per-part timings")
     ap.add_argument(
         "--config", action="append", default=[], metavar="GEOM:BATCH:CTX", help="only these decode shapes (repeatable)"
     )
@@ -442,10 +474,10 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 
-    if not (args.skip_conversion or args.variants_only):
+    if not (args.skip_conversion or args.variants_only or args.lean):
         result["conversion"] = conversion_throughput(dev)
         save()
-    if not args.config:
+    if not (args.config or args.lean):
         result["tq3_variants"] = tq3_variants(dev)
         save()
         print_variants(result)
@@ -460,14 +492,14 @@ def main() -> None:
             result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})
             continue
         try:
-            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev))
+            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev, args.lean))
         except Exception as e:  # noqa: BLE001 - one failing shape must not lose the rest
             result["not_run"].append(
                 {"geom": geom, "batch": batch, "ctx": ctx, "why": f"{type(e).__name__}: {e}"[:300]}
             )
         torch.cuda.empty_cache()
         save()
-    if time.time() - t0 < args.budget_s and not args.config:
+    if time.time() - t0 < args.budget_s and not (args.config or args.lean):
         result["token_granular_fp8"] = token_granular_fp8(workspace, dev)
     save()
     print_table(result)
@@ -489,7 +521,8 @@ def print_table(result: dict) -> None:
     print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  roofline {result['roofline_tbps']} TB/s")
     print(
         f"{'geom':12} {'B':>3} {'ctx':>6} {'stale':>5} | {'FI bf16 ms':>10} {'FI fp8 ms':>9} {'minima ms':>9} {'x fp8':>6} | "
-        f"{'fp8 TB/s':>8} {'min TB/s':>8} {'tq3 TB/s':>8} {'tq3 %roof':>9} {'splits':>6} {'FI fp8 after':>12} {'serial ms':>9}"
+        f"{'fp8 TB/s':>8} {'min TB/s':>8} {'tq3 TB/s':>8} {'tq3 %roof':>9} {'splits':>6} {'FI fp8 after':>12} {'serial ms':>9} | "
+        f"{'fused ms':>8} {'x fp8':>6}"
     )
     for r in result["decode"]:
         if "skipped" in r:
@@ -499,7 +532,8 @@ def print_table(result: dict) -> None:
             f"{r['geom']:12} {r['batch']:>3} {r['ctx'] // 1024:>5}K {r['stale']:>5.2f} | {r['flashinfer_bf16_ms']:>10.3f} "
             f"{r['flashinfer_fp8_ms']:>9.3f} {r['minima_ms']:>9.3f} {r['speedup_vs_fp8']:>6.2f} | {r['flashinfer_fp8_tbps']:>8.2f} "
             f"{r['minima_tbps']:>8.2f} {r.get('tq3_kernel_tbps', float('nan')):>8.2f} {100 * r.get('tq3_roofline_frac', float('nan')):>8.1f}% "
-            f"{r['num_splits']:>6} {r.get('flashinfer_fp8_after_ms', float('nan')):>12.3f} {r.get('minima_serial_ms', float('nan')):>9.3f}"
+            f"{r['num_splits']:>6} {r.get('flashinfer_fp8_after_ms', float('nan')):>12.3f} {r.get('minima_serial_ms', float('nan')):>9.3f} | "
+            f"{r.get('minima_fused_ms', float('nan')):>8.3f} {r['flashinfer_fp8_ms'] / r.get('minima_fused_ms', float('nan')):>6.2f}"
         )
     for r in result.get("conversion", []):
         print(

@@ -14,7 +14,9 @@ merges the two states. The FP8 part is FlashInfer's decode (``fp8_kernel="flashi
 or ``fp8_decode_kernel`` (``"tilelang"``: split partials that the epilogue combines with the TQ3 ones);
 ``"auto"`` takes the TileLang kernel for batches with few FP8 tokens, where FlashInfer's fixed cost per
 call (its plan's split kernel and merge launch) dominates, and FlashInfer's otherwise (H200 figures in
-docs/results/kernels.md).
+docs/results/kernels.md). ``"fused"``: three launches, the FP8 pages as a second role of the TQ3 split
+decode's grid (``mixed_decode_kernel``): both formats' CTAs in one wave, on one register and
+shared-memory budget.
 """
 
 from dataclasses import dataclass
@@ -29,11 +31,12 @@ from sglang_minima.codec.rotation import is_power_of_two
 from .fp8_decode import HEADS_PER_TILE as FP8_HEADS_PER_TILE
 from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel, fp8_tile_config
 from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
-from .tq3_decode import TQ3_BUILD_OPTIONS, tile_config, tq3_decode_kernel
+from .rotation_merge import THREADS as EPILOGUE_THREADS
+from .tq3_decode import FP8_STEP_CHUNKS, TQ3_BUILD_OPTIONS, mixed_decode_kernel, tile_config, tq3_decode_kernel
 
 NUM_SMS_H200 = 132
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
-FP8_KERNELS = ("auto", "flashinfer", "tilelang")
+FP8_KERNELS = ("auto", "flashinfer", "tilelang", "fused")
 # "auto": the TileLang FP8 decode up to this many FP8 page slots (pages x page size, per kv head) in
 # the batch, by head dim (H200, both kernels side by side: docs/results/kernels.md; between the last
 # shape the TileLang kernel won and the first FlashInfer won); other head dims: the smallest
@@ -41,6 +44,9 @@ TILELANG_FP8_MAX_TOKENS = {64: 32768, 128: 8192, 256: 16384}
 TILELANG_FP8_PAGE_SIZES = (16, 32, 64)  # built and tested (larger pages: more shared memory than an SM has at head dim 256)
 FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
 FP8_MIN_PAGES_PER_SPLIT = 2
+# "fused": the time of one FP8 chunk (16 tokens of one kv head) over a TQ3 chunk's in the one grid,
+# which shares the splits between the formats
+FUSED_FP8_CHUNK_WEIGHT = 1.0
 
 
 def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
@@ -74,6 +80,34 @@ def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: in
     return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
 
 
+def choose_mixed_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_tq3_pages: int,
+    max_fp8_pages: int,
+    page_size: int,
+    head_dim: int,
+    build: dict[str, int],
+    fp8_weight: float = FUSED_FP8_CHUNK_WEIGHT,
+    num_sms: int = NUM_SMS_H200,
+) -> tuple[int, int]:
+    """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``: together the CTAs
+    of one wave of the build's resident slots (at least one split of each format), shared in
+    proportion to each format's work (an FP8 chunk weighs ``fp8_weight`` TQ3 chunks), each split with
+    at least MIN_CHUNKS_PER_WARP chunks per warp."""
+    slots = max(2, build["min_blocks"] * num_sms // (batch * num_kv_heads))
+    tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
+    tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
+    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
+    return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(slots - tq3, max_fp8_pages // min_pages))
+
+
+def fused_build_of(tq3_build: dict[str, int], page_size: int) -> dict[str, int]:
+    """``mixed_decode_kernel``'s build: the TQ3 decode's, its FP8 role taking steps of FP8_STEP_CHUNKS
+    chunks (at most a page)."""
+    return {**tq3_build, "fp8_step_chunks": min(FP8_STEP_CHUNKS, page_size // CHUNK_TOKENS)}
+
+
 def _build_overrides(name: str, config: dict[str, int] | None, options: tuple[str, ...]) -> dict[str, int]:
     """A kernel's build options given by the caller (``name``), checked against the ones it takes."""
     config = config or {}
@@ -88,6 +122,11 @@ def _built(kernels: dict[tuple, object], build: dict[str, int], make) -> object:
     if key not in kernels:
         kernels[key] = make(**build)
     return kernels[key]
+
+
+def _check_float_scales(k_scale, v_scale) -> None:
+    if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
+        raise TypeError("the TileLang FP8 decodes take k_scale / v_scale as Python floats (fixed in a captured graph)")
 
 
 @dataclass
@@ -130,8 +169,10 @@ class MinimaDecodeWrapper:
     pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
     Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
     ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s for the batch (e.g. warps,
-    min_blocks); ``fp8_config``: of the TileLang FP8 decode over ``fp8_tile_config``'s (e.g.
-    pages_per_step).
+    min_blocks; also the fused kernel's); ``fp8_config``: of the TileLang FP8 decode over
+    ``fp8_tile_config``'s (e.g. pages_per_step). ``fp8_kernel="fused"`` runs the FP8 pages in the TQ3
+    decode's grid (``mixed_decode_kernel``; FP8 pages of the TQ3 page size, scales as Python floats).
+    ``epilogue_threads``: per CTA of the epilogue (its threads / head_dim groups share the splits).
     """
 
     def __init__(
@@ -149,6 +190,7 @@ class MinimaDecodeWrapper:
         fp8_kernel: str = "auto",
         tq3_config: dict[str, int] | None = None,
         fp8_config: dict[str, int] | None = None,
+        epilogue_threads: int = EPILOGUE_THREADS,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -175,7 +217,8 @@ class MinimaDecodeWrapper:
             raise ValueError(f"q_dtype must be torch.bfloat16 or torch.float16, got {q_dtype}")
         self._rotate_kernel = rotate_queries_kernel(num_qo_heads, self.group_size, head_dim, dtype)
         self._epilogue = {
-            state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype) for state in FP8_STATES
+            state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype, epilogue_threads)
+            for state in FP8_STATES
         }
         self._dtype_name = dtype
         self._tilelang_fp8_ok = self.group_size <= FP8_HEADS_PER_TILE and self.fp8_page_size in TILELANG_FP8_PAGE_SIZES
@@ -185,6 +228,10 @@ class MinimaDecodeWrapper:
         self._fp8_kernels: dict[tuple, object] = {}
         self._fp8_build: dict[str, int] | None = None
         self._fp8_kernel = None
+        # "fused": the TQ3 decode's builds with an FP8 role (mixed_decode_kernel), each built by the
+        # first plan() that takes it
+        self._mixed_kernels: dict[tuple, object] = {}
+        self._mixed_kernel = None
         self._side_stream = torch.cuda.Stream(self.device)
         self.overlap_fp8 = overlap_fp8  # the FP8 part on a side stream, concurrent with the TQ3 part
         self.fp8_kernel = fp8_kernel
@@ -215,6 +262,8 @@ class MinimaDecodeWrapper:
         tq3_counts = tq3_indptr[1:] - tq3_indptr[:-1]
         if bool(((fp8_counts + tq3_counts) == 0).any()):
             raise ValueError("every request needs at least one FP8 or TQ3 page")
+        if self.fp8_kernel == "fused" and self.fp8_page_size != self.page_size:
+            raise ValueError(f"fp8_kernel='fused' takes FP8 pages of the TQ3 page size {self.page_size}, got {self.fp8_page_size}")
         if self.fp8_kernel == "tilelang" and not self._tilelang_fp8_ok:
             raise ValueError(
                 f"fp8_kernel='tilelang' takes GQA groups of at most {FP8_HEADS_PER_TILE} query heads and FP8 pages of "
@@ -222,9 +271,11 @@ class MinimaDecodeWrapper:
             )
         has_fp8, has_tq3 = int(fp8_indptr[-1]) > 0, int(tq3_indptr[-1]) > 0
         fp8_slots = int(fp8_indptr[-1]) * self.fp8_page_size
+        use_fused = has_fp8 and has_tq3 and self.fp8_kernel == "fused"
         use_tilelang = (
             has_fp8
             and has_tq3
+            and not use_fused
             and self._tilelang_fp8_ok
             and (
                 self.fp8_kernel == "tilelang"
@@ -243,7 +294,13 @@ class MinimaDecodeWrapper:
             if has_tq3
             else 0
         )
-        for name, splits, used in (("num_fp8_splits", fp8_splits, use_tilelang), ("num_splits", tq3_splits, has_tq3)):
+        if use_fused:
+            tq3_splits, fp8_splits = choose_mixed_splits(
+                batch, self.num_kv_heads, int(tq3_counts.max()), max_fp8_pages, self.page_size, self.head_dim, tq3_build
+            )
+            tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
+        fp8_parts = use_tilelang or use_fused  # the FP8 part as split partials
+        for name, splits, used in (("num_fp8_splits", fp8_splits, fp8_parts), ("num_splits", tq3_splits, has_tq3)):
             if used and not 1 <= splits <= MAX_SPLITS:
                 raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
         fp8_build = (
@@ -253,7 +310,11 @@ class MinimaDecodeWrapper:
         )
         # the kernels of the two builds, each compiled on first use (a failed build leaves the plan as it was)
         shape = (self.num_kv_heads, self.group_size, self.head_dim)
-        fp8_kernel = tq3_kernel = None
+        fp8_kernel = tq3_kernel = mixed_kernel = None
+        if use_fused:
+            fused_build = fused_build_of(tq3_build, self.page_size)
+            make = partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim), self._dtype_name)
+            mixed_kernel = _built(self._mixed_kernels, fused_build, make)
         if use_tilelang:
             make = partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
             fp8_kernel = _built(self._fp8_kernels, fp8_build, make)
@@ -263,18 +324,18 @@ class MinimaDecodeWrapper:
         # validated: from here on the wrapper's state changes
         self._tq3_build, self._tq3_kernel = tq3_build, tq3_kernel
         self._fp8_build, self._fp8_kernel = fp8_build, fp8_kernel
+        self._mixed_kernel = mixed_kernel
         self._batch = batch
         self._has_fp8, self._has_tq3 = has_fp8, has_tq3
         dev = self.device
         self.fp8_plan = None
-        if use_tilelang:
+        if fp8_parts:
             hq, d, splits = self.num_qo_heads, self.head_dim, fp8_splits
+            # a TileLang FP8 step of several pages reads up to pages_per_step - 1 ids past a split's last page
+            padding = fp8_build["pages_per_step"] - 1 if use_tilelang else 0
             self.fp8_plan = FP8SplitPlan(
                 page_indptr=fp8_indptr.to(dev, torch.int32),
-                # a step of several pages reads up to pages_per_step - 1 ids past a split's last page
-                page_ids=torch.cat(
-                    [fp8_page_ids.to(torch.int32), fp8_page_ids.new_zeros(fp8_build["pages_per_step"] - 1, dtype=torch.int32)]
-                ).to(dev),
+                page_ids=torch.cat([fp8_page_ids.to(torch.int32), fp8_page_ids.new_zeros(padding, dtype=torch.int32)]).to(dev),
                 last_page_len=fp8_last_page_len.to(dev, torch.int32),
                 num_splits=splits,
                 out_partial=torch.empty(batch, hq, splits, d, device=dev, dtype=torch.float32),
@@ -339,8 +400,9 @@ class MinimaDecodeWrapper:
         if p is None:
             self._fp8.run(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale, out=self._fp8_out, lse=self._fp8_lse, return_lse=True)
             return self._fp8_out, self._fp8_lse
-        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):
-            raise TypeError("the TileLang FP8 decode takes k_scale / v_scale as Python floats (fixed in a captured graph)")
+        if self._mixed_kernel is not None:
+            raise ValueError("a fused plan (fp8_kernel='fused') decodes the FP8 pages with the TQ3 pages: run() only")
+        _check_float_scales(k_scale, v_scale)
         k_cache, v_cache = fp8_kv_cache
         self._fp8_kernel(
             q,
@@ -364,6 +426,30 @@ class MinimaDecodeWrapper:
 
     def _rotate_queries(self, q: torch.Tensor, signs: torch.Tensor) -> None:
         self._rotate_kernel(q, signs, self.tq3_plan.q_rot)
+
+    def _fused_decode(self, q: torch.Tensor, fp8_kv_cache, tq3_pages: torch.Tensor, k_scale, v_scale) -> None:
+        """Both formats' split partials in one launch (``mixed_decode_kernel``)."""
+        _check_float_scales(k_scale, v_scale)
+        p, f = self.tq3_plan, self.fp8_plan
+        k_cache, v_cache = fp8_kv_cache
+        self._mixed_kernel(
+            p.q_rot.view(torch.int32),
+            q.view(torch.int32),
+            tq3_pages.view(torch.int32),
+            k_cache.view(torch.uint8),
+            v_cache.view(torch.uint8),
+            p.page_indptr,
+            p.page_ids,
+            f.page_indptr,
+            f.page_ids,
+            f.last_page_len,
+            1.0 if k_scale is None else float(k_scale),
+            1.0 if v_scale is None else float(v_scale),
+            p.out_partial,
+            p.lse_partial,
+            f.out_partial,
+            f.lse_partial,
+        )
 
     def _split_decode(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> None:
         p = self.tq3_plan
@@ -393,6 +479,10 @@ class MinimaDecodeWrapper:
             raise ValueError(f"q has dtype {q.dtype}, the wrapper was built for {self.q_dtype}")
         if not self._has_tq3:
             return self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
+        if self._mixed_kernel is not None:
+            self._rotate_queries(q, signs)
+            self._fused_decode(q.contiguous(), fp8_kv_cache, tq3_pages, k_scale, v_scale)
+            return self._finish(signs)
         main = torch.cuda.current_stream(self.device)
         overlap = self._has_fp8 and self.overlap_fp8
         if overlap:  # independent of the TQ3 part

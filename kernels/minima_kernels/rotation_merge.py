@@ -72,40 +72,40 @@ def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dty
 
 
 @T.macro
-def _combine_splits(out_partial, lse_partial, b, h, tid, head_dim: int, x, lse_t, w_s, red_s, part_s):
+def _combine_splits(out_partial, lse_partial, b, h, tid, head_dim: int, x, lse_t, w_s, red_s, part_s, threads: int = THREADS):
     """x[0] <- dim tid % D of head h's output combined over its splits (rotated space), lse_t[0] <- its
     LSE (base 2); every thread of the CTA gets its dim's value. All splits -inf -> x 0, lse -inf.
-    w_s: shared [MAX_SPLITS] (the splits' weights), red_s: shared [2, THREADS / 32] (the warps' max and
-    sum), part_s: shared [THREADS / D, D] (the groups' partial sums). The split count is read from
+    w_s: shared [MAX_SPLITS] (the splits' weights), red_s: shared [2, threads / 32] (the warps' max and
+    sum), part_s: shared [threads / D, D] (the groups' partial sums), for a CTA of ``threads``. The split count is read from
     lse_partial's shape: a dynamic size passed as a macro argument would be renamed after the macro's
     parameter (TileLang 0.1.12 names bound arguments in place), and the epilogue's two counts would
     then share one name, which TileLang's cython launcher resolves by name."""
-    groups = THREADS // head_dim
+    groups = threads // head_dim
     m = T.alloc_local([1], T.float32)
     den = T.alloc_local([1], T.float32)
     num = T.alloc_local([1], T.float32)
     m[0] = -T.infinity(T.float32)
-    for i in T.unroll(MAX_SPLITS // THREADS):
-        if i * THREADS + tid < lse_partial.shape[2]:
-            w_s[i * THREADS + tid] = lse_partial[b, h, i * THREADS + tid]
-            m[0] = T.max(m[0], w_s[i * THREADS + tid])
+    for i in T.unroll(MAX_SPLITS // threads):
+        if i * threads + tid < lse_partial.shape[2]:
+            w_s[i * threads + tid] = lse_partial[b, h, i * threads + tid]
+            m[0] = T.max(m[0], w_s[i * threads + tid])
     for off in T.unroll(WARP_BUTTERFLIES):
         m[0] = T.max(m[0], T.shfl_xor(m[0], T.shift_left(1, off)))
     red_s[0, tid // 32] = m[0]
     T.sync_threads()
-    for w in T.unroll(THREADS // 32):
+    for w in T.unroll(threads // 32):
         m[0] = T.max(m[0], red_s[0, w])
     den[0] = 0
-    for i in T.unroll(MAX_SPLITS // THREADS):
-        if i * THREADS + tid < lse_partial.shape[2]:  # m = -inf: every split is empty, weight 0
-            w_s[i * THREADS + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_s[i * THREADS + tid] - m[0]), 0)
-            den[0] += w_s[i * THREADS + tid]
+    for i in T.unroll(MAX_SPLITS // threads):
+        if i * threads + tid < lse_partial.shape[2]:  # m = -inf: every split is empty, weight 0
+            w_s[i * threads + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_s[i * threads + tid] - m[0]), 0)
+            den[0] += w_s[i * threads + tid]
     for off in T.unroll(WARP_BUTTERFLIES):
         den[0] += T.shfl_xor(den[0], T.shift_left(1, off))
     red_s[1, tid // 32] = den[0]
     T.sync_threads()
     den[0] = 0
-    for w in T.unroll(THREADS // 32):
+    for w in T.unroll(threads // 32):
         den[0] += red_s[1, w]
     num[0] = 0
     for i in T.unroll(T.ceildiv(lse_partial.shape[2], groups), unroll_factor=8):
@@ -121,9 +121,9 @@ def _combine_splits(out_partial, lse_partial, b, h, tid, head_dim: int, x, lse_t
     lse_t[0] = T.if_then_else(den[0] > 0, T.log2(den[0]) + m[0], -T.infinity(T.float32))
 
 
-def _check_combine_dims(head_dim: int) -> None:
-    if THREADS % head_dim or head_dim < 32:
-        raise ValueError(f"head_dim={head_dim}: the glue kernels take a power of two from 32 to {THREADS}")
+def _check_combine_dims(head_dim: int, threads: int = THREADS) -> None:
+    if threads % head_dim or head_dim < 32 or MAX_SPLITS % threads:
+        raise ValueError(f"head_dim={head_dim}, threads={threads}: the glue kernels take a power of two from 32 to the threads")
 
 
 @tilelang.jit(pass_configs=EXACT_FP32)
@@ -162,7 +162,7 @@ FP8_STATES = ("none", "merged", "splits")
 
 
 @tilelang.jit(pass_configs=EXACT_FP32)
-def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8_state: str, dtype: str = "bfloat16"):
+def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8_state: str, dtype: str = "bfloat16", threads: int = THREADS):
     """Split partials of the TQ3 pages (rotated space) -> final output, merged with the FP8 pages' state.
 
     out_partial [batch, Hq, S, D] fp32 (S <= MAX_SPLITS), lse_partial [batch, Hq, S] (base 2), signs
@@ -175,11 +175,12 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
 
     One CTA per (query head, request): the split combine(s), then the un-rotation of the TQ3 state
     (codec ``unrotate``: FWHT, 1/sqrt(d), signs; every group of D threads transforms its own copy, so
-    all threads reach the barriers) and the merge, written by the first group."""
+    all threads reach the barriers) and the merge, written by the first group. ``threads``: per CTA
+    (threads / D groups share the splits: more load fewer splits each)."""
     if fp8_state not in FP8_STATES:
         raise ValueError(f"fp8_state={fp8_state!r}: one of {FP8_STATES}")
     D, G = head_dim, group_size
-    _check_combine_dims(D)
+    _check_combine_dims(D, threads)
     log_d = _log2(D)
     inv_sqrt_d = fp32_inv_sqrt(D)
     batch, num_splits, num_fp8_splits = T.dynamic("batch, num_splits, num_fp8_splits")
@@ -199,20 +200,20 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
         out: T.Tensor([batch, num_qo_heads, D], dtype),
         lse: T.Tensor([batch, num_qo_heads], T.float32),
     ):
-        with T.Kernel(num_qo_heads, batch, threads=THREADS) as (h, b):
+        with T.Kernel(num_qo_heads, batch, threads=threads) as (h, b):
             tid = T.get_thread_binding()
             d = tid % D
             w_s = T.alloc_shared([MAX_SPLITS], T.float32)
-            red_s = T.alloc_shared([2, THREADS // 32], T.float32)
-            part_s = T.alloc_shared([THREADS // D, D], T.float32)
-            buf = T.alloc_shared([2, THREADS], T.float32)
+            red_s = T.alloc_shared([2, threads // 32], T.float32)
+            part_s = T.alloc_shared([threads // D, D], T.float32)
+            buf = T.alloc_shared([2, threads], T.float32)
             x = T.alloc_local([1], T.float32)
             lse_t = T.alloc_local([1], T.float32)
             x_f = T.alloc_local([1], T.float32)
             lse_f = T.alloc_local([1], T.float32)
-            _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s)
+            _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s, threads)
             if fp8_splits:
-                _combine_splits(fp8_out, fp8_lse, b, h, tid, D, x_f, lse_f, w_s, red_s, part_s)
+                _combine_splits(fp8_out, fp8_lse, b, h, tid, D, x_f, lse_f, w_s, red_s, part_s, threads)
             _fwht_threads(x, buf, tid, log_d)  # butterflies of distance < D stay in the group of tid
             x[0] = x[0] * T.float32(inv_sqrt_d) * signs[h // G, d]
             if tid < D:

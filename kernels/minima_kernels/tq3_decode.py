@@ -33,6 +33,8 @@ writes its partial output (rotated space, fp32) and LSE (base 2); a split with n
 ``rotation_merge.tq3_merge_splits`` (or the mixed decode's epilogue) combines the splits.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import tilelang
 import tilelang.language as T
@@ -232,6 +234,577 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {{
 """
 
 
+# An FP8 chunk in a warp's ring (the FP8 role of mixed_decode_kernel): 16 K rows of D bytes whose
+# 32-byte groups are XOR-swizzled by the row, then 16 V rows padded to D + FP8_V_ROW_PAD bytes, so
+# that the fragment loads of both GEMMs hit 32 distinct banks.
+FP8_V_ROW_PAD = 16
+FP8_STEP_CHUNKS = 1  # 16-token chunks per softmax step of the FP8 role (an FP8 chunk is 2.6x a TQ3 one)
+
+
+def fp8_chunk_bytes(head_dim: int) -> int:
+    return CHUNK_TOKENS * (2 * head_dim + FP8_V_ROW_PAD)
+
+
+def _fp8_device_source(num_kv_heads: int, head_dim: int, page_size: int) -> str:
+    """CUDA for the FP8 role: the chunk copy (zero-filling tokens past the request's last one) and
+    the two fragment loads. SGLang's FP8 pool is ``[pages, page_size, H, D]`` e4m3.
+
+    Both GEMMs are free to permute their k dimension and the value GEMM its rows, as long as the
+    other operand (q, p) and the output follow; the FP8 role picks the orders in which a lane's
+    registers come from adjacent bytes:
+    - keys (scores^T = K q^T, k = head dims): lane 4r + t's registers of k-blocks 2b, 2b + 1 hold
+      dims 32b + 8t .. 32b + 8t + 7 of tokens r and r + 8 (one 8-byte load per token), so q's word
+      16b + 4t + 2(kb & 1) + j is its B operand j of k-block kb;
+    - values (out^T += V^T p^T, k = tokens): m-blocks 2b, 2b + 1 hold dims 32b + 4r + (0, 1) and
+      (2, 3) as rows r, r + 8; a lane loads 4 bytes of tokens 2t, 2t + 1, 2t + 8, 2t + 9 and pairs
+      them by token with two byte permutes before the e4m3 -> fp16 conversion. Output element i of
+      m-block mb is dim 32 (mb // 2) + 4r + 2 (mb % 2) + i // 2."""
+    D, H, P = head_dim, num_kv_heads, page_size
+    k_xor = "row & 3" if D >= 128 else "(row >> 1) & 1"  # 4 rows of a half warp in 4 bank groups
+    return f"""
+namespace minima {{
+constexpr int kFp8D = {D}, kFp8VRow = {D + FP8_V_ROW_PAD}, kFp8KBytes = {CHUNK_TOKENS * D};
+constexpr int64_t kFp8PageBytes = {P * H * D}, kFp8TokenStride = {H * D};
+__device__ __forceinline__ int k_group_xor(int row) {{ return {k_xor}; }}
+__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, int src_size) {{
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_size));
+}}
+// One 16-token chunk of an FP8 page, one kv head (chunk_off: its first token's K/V bytes in the page):
+// lane l copies 16-byte piece l % (D/16) of token rows l / (D/16) + j * (32 / (D/16)); rows at or past
+// valid_rows are zero-filled, no byte read (a free slot may hold e4m3 NaN, and 0 * NaN is NaN)
+__device__ __forceinline__ void copy_fp8_chunk(uint32_t dst, const uint8_t* k_pool, const uint8_t* v_pool, int page,
+                                               int chunk_off, int lane, int valid_rows) {{
+  constexpr int kPieces = kFp8D / 16, kRows = 32 / kPieces;
+  const int row0 = lane / kPieces, p = lane % kPieces;
+  // one source pointer per pool and three destinations per lane, the pieces at constant offsets from
+  // them: k_group_xor has period 4 in the row, so rows row0 + j kRows alternate between two K swizzles
+  const int64_t src = page * kFp8PageBytes + chunk_off + row0 * kFp8TokenStride + p * 16;
+  const uint8_t *k = k_pool + src, *v = v_pool + src;
+  const uint32_t k_dst[2] = {{dst + row0 * kFp8D + ((((p >> 1) ^ k_group_xor(row0)) << 5) | ((p & 1) << 4)),
+                             dst + (row0 + kRows) * kFp8D + ((((p >> 1) ^ k_group_xor(row0 + kRows)) << 5) | ((p & 1) << 4))}};
+  const uint32_t v_dst = dst + kFp8KBytes + row0 * kFp8VRow + p * 16;
+  const int rows_left = valid_rows - row0;
+  static_assert(2 * kRows % 4 == 0, "two K swizzles");
+#pragma unroll
+  for (int j = 0; j < kFp8D / 32; ++j) {{
+    const int size = j * kRows < rows_left ? 16 : 0;
+    cp_async_zfill(k_dst[j & 1] + (j >> 1) * 2 * kRows * kFp8D, k + j * kRows * kFp8TokenStride, size);
+    cp_async_zfill(v_dst + j * kRows * kFp8VRow, v + j * kRows * kFp8TokenStride, size);
+  }}
+}}
+__device__ __forceinline__ void e4m3x4_to_half2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {{
+  asm("{{ .reg .b16 l, h; mov.b32 {{l, h}}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }}"
+      : "=r"(lo), "=r"(hi) : "r"(w));
+}}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {{
+  uint32_t d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel)); return d;
+}}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {{
+  uint32_t v; asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(a)); return v;
+}}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {{
+  uint2 v; asm volatile("ld.shared.v2.b32 {{%0, %1}}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(a)); return v;
+}}
+// keys of dims 64 tr .. 64 tr + 63 (k-blocks 4 tr .. 4 tr + 3) as 16 A-operand registers
+__device__ __forceinline__ void fp8_keys(uint32_t chunk, int r, int t, int tr, uint32_t* out) {{
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {{
+    // group 2 tr + b of row r (and r + 8: same XOR): (blk & 3) ^ xor takes 4 lane-invariant values, the
+    // rest is a constant offset of the load
+    const int blk = 2 * tr + b;
+    const uint32_t at = chunk + r * kFp8D + 8 * t + (((blk & 3) ^ k_group_xor(r)) << 5) + ((blk >> 2) << 7);
+    const uint2 w = lds64(at), u = lds64(at + 8 * kFp8D);
+    e4m3x4_to_half2x2(w.x, out[8 * b + 0], out[8 * b + 2]);
+    e4m3x4_to_half2x2(u.x, out[8 * b + 1], out[8 * b + 3]);
+    e4m3x4_to_half2x2(w.y, out[8 * b + 4], out[8 * b + 6]);
+    e4m3x4_to_half2x2(u.y, out[8 * b + 5], out[8 * b + 7]);
+  }}
+}}
+// values of dims 64 tr .. 64 tr + 63 (m-blocks 4 tr .. 4 tr + 3) as 16 A-operand registers
+__device__ __forceinline__ void fp8_values(uint32_t chunk, int r, int t, int tr, uint32_t* out) {{
+  const uint32_t v = chunk + kFp8KBytes + 2 * t * kFp8VRow + 4 * r;
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {{
+    const uint32_t at = v + ((2 * tr + b) << 5);
+    const uint32_t wa = lds32(at), wb = lds32(at + kFp8VRow), wc = lds32(at + 8 * kFp8VRow), wd = lds32(at + 9 * kFp8VRow);
+    // byte i of each word is dim 4r + i of its token: pair tokens (2t, 2t + 1) per dim
+    e4m3x4_to_half2x2(prmt(wa, wb, 0x5140u), out[8 * b + 0], out[8 * b + 1]);
+    e4m3x4_to_half2x2(prmt(wc, wd, 0x5140u), out[8 * b + 2], out[8 * b + 3]);
+    e4m3x4_to_half2x2(prmt(wa, wb, 0x7362u), out[8 * b + 4], out[8 * b + 5]);
+    e4m3x4_to_half2x2(prmt(wc, wd, 0x7362u), out[8 * b + 6], out[8 * b + 7]);
+  }}
+}}
+__device__ __forceinline__ uint32_t bf16x2_to_half2(uint32_t w) {{  // a bf16 is the top half of its fp32
+  return pack_half2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}}
+}}  // namespace minima
+"""
+
+
+def _split_decode(
+    num_kv_heads: int,
+    group_size: int,
+    head_dim: int,
+    page_size: int,
+    sm_scale: float,
+    centroids: tuple[float, ...],
+    *,
+    min_blocks: int,
+    warps: int,
+    stages: int,
+    step_chunks: int,
+    shift_by_imad: bool,
+    fp8_step_chunks: int = 0,
+    q_dtype: str = "bfloat16",
+):
+    """The prim_func of ``tq3_decode_kernel`` (``fp8_step_chunks`` 0) or of ``mixed_decode_kernel``."""
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    H, G, D, P = num_kv_heads, group_size, head_dim, page_size
+    C = step_chunks
+    C8 = fp8_step_chunks
+    NB = -(-G // HEADS_PER_TILE)  # head tiles of 8
+    heads = H * G
+    lane_words = layout.lane_words  # 3, 6, 12
+    triples = lane_words // TRIPLE_WORDS
+    vec = lane_words // TRIPLE_WORDS  # a lane's stream is copied and read as 3 pieces of D/64 words
+    blocks = D // 16
+    chunks_per_page = P // CHUNK_TOKENS
+    page_words = layout.page_bytes // 4
+    head_words = layout.head_code_bytes // 4
+    chunk_words = LANES * lane_words
+    slot_words = C * 2 * chunk_words  # a ring slot: the step's chunks, each K codes then V codes
+    fp8_chunk_words = fp8_chunk_bytes(D) // 4
+    fp8_slot_words = C8 * fp8_chunk_words
+    chunk_meta = 3 * CHUNK_TOKENS  # a chunk's k_norm, v_scale, v_zero (halves) in the metadata ring
+    # a warp's part of the ring; after the main loop it holds the warp's output rows for the combine
+    warp_words = max(stages * slot_words, stages * fp8_slot_words, G * D)
+    k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
+    kn_base, vs_base, vz_base = layout.k_norm_offset // 2, layout.v_scale_offset // 2, layout.v_zero_offset // 2
+    scale = sm_scale * LOG2E
+    source = _device_source(centroids, shift_by_imad)
+    if C8:
+        source += _fp8_device_source(H, D, P)
+    if stages < 2:
+        raise ValueError(f"stages={stages}: the chunk ring needs at least 2 slots")
+    if C not in (1, 2, 4):
+        raise ValueError(f"step_chunks={C}: 1, 2 or 4 16-token chunks per softmax step")
+    if C8 and (C8 not in (1, 2, 4) or chunks_per_page % C8 or (warps * C8) % chunks_per_page):
+        raise ValueError(
+            f"fp8_step_chunks={C8}: 1, 2 or 4, dividing the {chunks_per_page} chunks per page, with warps={warps} x it a multiple of them"
+        )
+    if C8 and q_dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"q_dtype={q_dtype!r}: bfloat16 or float16")
+    # The chunks of a step share a page unless pages are shorter than a step, which then spans
+    # step_pages whole pages; a split's last step may then miss chunks, masked out of the softmax.
+    step_pages = max(1, C // chunks_per_page)
+    ragged = step_pages > 1
+    # With warps * C a multiple of the chunks per page, a warp's steps start at the same chunk of
+    # their pages and the page index advances by a constant: the main loop does no address division.
+    if (warps * C) % chunks_per_page:
+        raise ValueError(f"warps={warps} x step_chunks={C} must be a multiple of the {chunks_per_page} chunks per page")
+    copy_chunk = f"minima::copy_chunk<{4 * vec}, {4 * (v_base - k_base)}, {4 * chunk_words}>"
+    neg_inf = -T.infinity(T.float32)
+    CM = max(C, C8)  # per-step buffers hold the larger role's chunks
+
+    def query_word(fp8: bool, q_words, bid, head, kb, t, j):
+        """B operand j of k-block kb of this lane (query head ``head``) as fp16x2: the TQ3 role's
+        rotated fp16 queries in the natural dim order, the FP8 role's in the key GEMM's
+        (``_fp8_device_source``), from ``q_dtype`` pairs."""
+        if not fp8:
+            return T.Cast(T.uint32, q_words[bid, head, kb * 8 + t + 4 * j])
+        word = T.Cast(T.uint32, q_words[bid, head, 16 * (kb // 2) + 4 * t + 2 * (kb % 2) + j])
+        return T.call_extern(T.uint32, "minima::bf16x2_to_half2", word) if q_dtype == "bfloat16" else word
+
+    @T.macro
+    def split_body(fp8: bool, sid, hk, bid, tid, q_words, pool, page_indptr, page_ids, fp8_last_len, score_scale, out_partial, lse_partial, L):
+        """One CTA's split: the TQ3 role (``fp8`` False: TQ3 pages of the rotated query) or the FP8
+        role (FP8 pages of the query as given); ``pool`` is the TQ3 pool's words or (K, V) FP8 pools.
+        The split count is read from lse_partial's shape: TileLang 0.1.12 renames a dynamic size
+        passed as a macro argument after the parameter, and the two roles' counts would share a name."""
+        warp = tid // 32
+        lane = tid % 32
+        r = lane // 4
+        t = lane % 4
+        c = C8 if fp8 else C  # chunks per step
+        chains = 4 // c  # partial accumulators of a chunk's key GEMM: 4 independent MMA chains per step
+        stride = warps * c // chunks_per_page  # pages a warp's step advances
+        jagged = ragged and not fp8
+        # Loop invariants, computed once into registers (as plain expressions TVM would inline them
+        # into the main loop, a 64-bit division included): the split's page range, this warp's
+        # steps, and this lane's copy offsets in a page (bytes; codes: its first piece of the
+        # warp's first chunk in each page; metadata: field lane // 8, halves 2 (lane % 8) and +1)
+        # and shared-memory addresses. FP8 pages: the request's last page holds fp8_last_len tokens.
+        split = L.split  # first page id index, chunks, steps of this warp, its first page id index, tokens
+        first = page_indptr[bid]
+        n_pages = page_indptr[bid + 1] - first
+        per_split = T.ceildiv(n_pages, lse_partial.shape[2])
+        p_lo = T.min(sid * per_split, n_pages)
+        p_hi = T.min(p_lo + per_split, n_pages)
+        split[0] = first + p_lo
+        if fp8:
+            split[4] = T.max(T.min(p_hi * P, (n_pages - 1) * P + fp8_last_len[bid]) - p_lo * P, 0)  # the split's tokens
+            split[1] = T.ceildiv(split[4], CHUNK_TOKENS)
+        else:
+            split[1] = (p_hi - p_lo) * chunks_per_page
+        split[2] = T.max(T.ceildiv(split[1], c) - warp + warps - 1, 0) // warps  # steps warp, warp + warps, ...
+        split[3] = split[0] + warp * c // chunks_per_page
+        page0, n_chunks, n_mine, page_at = split[0], split[1], split[2], split[3]
+        first_sub = T.if_then_else(jagged, 0, warp * c % chunks_per_page)  # the warp's first chunk in a page
+        lane_off = L.lane_off
+        if fp8:
+            lane_off[0] = first_sub * CHUNK_TOKENS * H * D + hk * D  # its first token's K/V bytes in a page
+        else:
+            lane_off[0] = (k_base + hk * head_words + lane * vec + first_sub * chunk_words) * 4
+            lane_off[1] = (
+                T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
+                + hk * P
+                + (lane % 8) * 2
+                + first_sub * CHUNK_TOKENS
+            ) * 2
+        ring_at = L.ring_at  # this lane's first piece in slot 0, its metadata, its key table column
+        meta_ring = L.meta_ring
+        if fp8:
+            ring_at[0] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(L.ring[warp * warp_words]))
+        else:
+            ring_at[0] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(L.ring[warp * warp_words + lane * vec]))
+            ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * chunk_meta + lane * 2]))
+            ring_at[2] = T.call_extern(T.uint32, "minima::table_lane", lane)
+
+        q_frag = L.q_frag
+        for kb in T.unroll(blocks):
+            for nb in T.unroll(NB):
+                for j in T.unroll(2):
+                    head = nb * HEADS_PER_TILE + r
+                    q_frag[(kb * NB + nb) * 2 + j] = T.if_then_else(
+                        head < G, query_word(fp8, q_words, bid, hk * G + T.min(head, G - 1), kb, t, j), T.uint32(0)
+                    )
+        for i in T.unroll(blocks * NB * 4):
+            L.acc_o[i] = 0
+        for i in T.unroll(NB * 2):
+            L.m_i[i] = neg_inf
+            L.l_i[i] = 0
+            L.z_i[i] = 0
+        if not fp8:  # the key table (the FP8 role's CTAs need none)
+            T.call_extern("handle", "minima::fill_key_table", warp, warps, lane)
+            T.sync_threads()
+
+        acc_o, acc_s, acc_k, m_i, l_i, z_i, alpha = L.acc_o, L.acc_s, L.acc_k, L.m_i, L.l_i, L.z_i, L.alpha
+        meta_cur, chunk_ok, page_next, ring, codes, ops, p_frag = L.meta_cur, L.chunk_ok, L.page_next, L.ring, L.codes, L.ops, L.p_frag
+        step_max, step_l, step_z, rescale = L.step_max, L.step_l, L.step_z, L.rescale
+        # Each warp streams its steps (c chunks each) through a ring of `stages` slots in shared
+        # memory with cp.async: step it + stages - 1 is requested while step it computes, so
+        # stages - 1 steps per warp are in flight without holding registers. The warp copies a
+        # chunk's code words in adjacent pieces (coalesced: copying each lane's own stream instead
+        # wasted half of every 32-byte sector per instruction) and each lane reads back its own
+        # stream; the 96 bytes of norms / scales / zeros are copied by 24 lanes. Lanes read what
+        # other lanes copied, hence the __syncwarp after the wait.
+        # page ids of the next step, loaded one step ahead (ragged: step_pages of them, clamped to
+        # the split's last page: a missing chunk's page is not read)
+        if fp8:  # a warp with a step has its first page (n_chunks counts tokens, not whole pages)
+            page_next[0] = T.if_then_else(n_mine > 0, page_ids[page_at], 0)
+        else:
+            for ci in T.unroll(step_pages):
+                page_next[ci] = T.if_then_else(n_mine > 0, page_ids[T.min(page_at + ci, page0 + n_chunks // chunks_per_page - 1)], 0)
+        for it in T.serial(n_mine + stages - 1):
+            if it < n_mine:
+                slot = it % stages
+                for ci in T.unroll(c):
+                    page = page_next[ci // chunks_per_page if jagged else 0]
+                    if fp8:  # the chunk's tokens before the split's end: the others are zero-filled
+                        T.call_extern(
+                            "handle",
+                            "minima::copy_fp8_chunk",
+                            ring_at[0] + (slot * fp8_slot_words + ci * fp8_chunk_words) * 4,
+                            T.address_of(pool[0][0, 0, 0, 0]),
+                            T.address_of(pool[1][0, 0, 0, 0]),
+                            page,
+                            lane_off[0] + ci * CHUNK_TOKENS * H * D,
+                            lane,
+                            split[4] - ((warp + it * warps) * c + ci) * CHUNK_TOKENS,
+                        )
+                    elif not jagged or (warp + it * warps) * c + ci < n_chunks:
+                        T.call_extern(
+                            "handle",
+                            copy_chunk,
+                            ring_at[0] + (slot * slot_words + ci * 2 * chunk_words) * 4,
+                            ring_at[1] + ((slot * C + ci) * chunk_meta) * 2,
+                            T.address_of(pool[page, 0]),
+                            lane_off[0] + (ci % chunks_per_page) * chunk_words * 4,
+                            lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
+                            lane < 24,
+                        )
+                if it + 1 < n_mine:
+                    if jagged:
+                        for ci in T.unroll(step_pages):
+                            page_next[ci] = page_ids[T.min(page_at + (it + 1) * stride + ci, page0 + n_chunks // chunks_per_page - 1)]
+                    else:
+                        page_next[0] = page_ids[page_at + (it + 1) * stride]
+            T.call_extern("handle", "minima::cp_async_commit")
+            if it >= stages - 1:
+                T.call_extern("handle", f"minima::cp_async_wait<{stages - 1}>")
+                T.call_extern("handle", "__syncwarp")
+                step = it - stages + 1
+                if fp8:
+                    chunk_at = ring_at[0] + (step % stages * fp8_slot_words) * 4
+                    for ci in T.unroll(c):  # tokens r, r + 8 of each chunk: inside the split?
+                        for h in T.unroll(2):
+                            chunk_ok[ci * 2 + h] = T.Cast(T.int32, ((warp + step * warps) * c + ci) * CHUNK_TOKENS + r + 8 * h < split[4])
+                else:
+                    slot_base = warp * warp_words + step % stages * slot_words + lane * lane_words
+                    meta_base = (warp * stages + step % stages) * C * chunk_meta
+                    for ci in T.unroll(C):
+                        chunk_ok[ci] = T.Cast(T.int32, (warp + step * warps) * C + ci < n_chunks)
+                        for j in T.unroll(2):
+                            for f in T.unroll(3):
+                                meta_cur[ci * 6 + 2 * f + j] = T.Cast(
+                                    T.float32, meta_ring[meta_base + ci * chunk_meta + f * CHUNK_TOKENS + r + 8 * j]
+                                )
+                            meta_cur[ci * 6 + j] *= score_scale  # k_norm * sm_scale * log2 e: one factor per score
+                            if ragged:  # a missing chunk: no probability mass (its shared memory is stale)
+                                meta_cur[ci * 6 + 2 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 2 + j], 0)
+                                meta_cur[ci * 6 + 4 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 4 + j], 0)
+                # scores^T = K . q'^T per chunk, 64 dims at a time (4 k-blocks of 16 dims each)
+                for ci in T.unroll(c):
+                    if not fp8:
+                        for j in T.unroll(TRIPLE_WORDS):
+                            for e in T.vectorized(vec):
+                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + j * vec + e]
+                    for i in T.unroll(chains * NB * 4):
+                        acc_k[ci * chains * NB * 4 + i] = 0
+                    for tr in T.unroll(triples):
+                        if fp8:
+                            T.call_extern("handle", "minima::fp8_keys", chunk_at + ci * fp8_chunk_words * 4, r, t, tr, T.address_of(ops[0]))
+                        else:
+                            T.call_extern("handle", "minima::tq3_keys", T.address_of(codes[tr * 3]), ring_at[2], T.address_of(ops[0]))
+                        for kk in T.unroll(4):
+                            for nb in T.unroll(NB):
+                                T.call_extern(
+                                    "handle",
+                                    "minima::mma_16816",
+                                    T.address_of(acc_k[((ci * chains + kk % chains) * NB + nb) * 4]),
+                                    T.address_of(ops[kk * 4]),
+                                    T.address_of(q_frag[((tr * 4 + kk) * NB + nb) * 2]),
+                                )
+                    for i in T.unroll(NB * 4):
+                        acc_s[ci * NB * 4 + i] = acc_k[ci * chains * NB * 4 + i]
+                        for ch in T.unroll(1, chains):
+                            acc_s[ci * NB * 4 + i] += acc_k[(ci * chains + ch) * NB * 4 + i]
+                # online softmax over the step; this thread holds tokens r, r + 8 of each chunk for
+                # heads 2t, 2t + 1
+                rescale[0] = 0
+                for nb in T.unroll(NB):
+                    for j in T.unroll(2):
+                        step_max[0] = neg_inf
+                        for ci in T.unroll(c):
+                            for h in T.unroll(2):  # token r + 8 h
+                                score = ci * NB * 4 + nb * 4 + 2 * h + j
+                                if fp8:  # one scale for all tokens (k_scale * sm_scale * log2 e); tokens past the split: -inf
+                                    acc_s[score] = T.if_then_else(chunk_ok[ci * 2 + h] != 0, acc_s[score] * score_scale, neg_inf)
+                                else:
+                                    acc_s[score] = acc_s[score] * meta_cur[ci * 6 + h]
+                                    if ragged:
+                                        acc_s[score] = T.if_then_else(chunk_ok[ci] != 0, acc_s[score], neg_inf)
+                                step_max[0] = T.max(step_max[0], acc_s[score])
+                        c4 = T.max(step_max[0], T.shfl_xor(step_max[0], 4))
+                        c8 = T.max(c4, T.shfl_xor(c4, 8))
+                        c16 = T.max(c8, T.shfl_xor(c8, 16))
+                        m_new = T.max(m_i[nb * 2 + j], c16)
+                        alpha[nb * 2 + j] = T.call_extern(T.float32, "minima::ex2", m_i[nb * 2 + j] - m_new)
+                        rescale[0] = rescale[0] | T.Cast(T.int32, m_new != m_i[nb * 2 + j])
+                        m_i[nb * 2 + j] = m_new
+                        step_l[0] = 0
+                        step_z[0] = 0
+                        for ci in T.unroll(c):
+                            for h in T.unroll(2):
+                                p = T.call_extern(T.float32, "minima::ex2", acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] - m_new)
+                                step_l[0] += p
+                                if fp8:  # the value scale is one per layer: applied to the output
+                                    acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] = p
+                                else:
+                                    step_z[0] += p * meta_cur[ci * 6 + 4 + h]
+                                    acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] = p * meta_cur[ci * 6 + 2 + h]
+                        l_i[nb * 2 + j] = l_i[nb * 2 + j] * alpha[nb * 2 + j] + step_l[0]
+                        if not fp8:
+                            z_i[nb * 2 + j] = z_i[nb * 2 + j] * alpha[nb * 2 + j] + step_z[0]
+                    for ci in T.unroll(c):
+                        for h in T.unroll(2):  # tokens r (h=0) / r + 8 (h=1) -> B operand rows
+                            p_frag[(ci * NB + nb) * 2 + h] = T.call_extern(
+                                T.uint32,
+                                "minima::transpose8x8",
+                                T.call_extern(
+                                    T.uint32,
+                                    "minima::pack_half2",
+                                    acc_s[ci * NB * 4 + nb * 4 + 2 * h],
+                                    acc_s[ci * NB * 4 + nb * 4 + 2 * h + 1],
+                                ),
+                            )
+                # rescale the output only when some running max moved (rare once the max settles)
+                if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), rescale[0]) != 0:
+                    for mb in T.unroll(blocks):
+                        for nb in T.unroll(NB):
+                            for i in T.unroll(4):
+                                acc_o[(mb * NB + nb) * 4 + i] *= alpha[nb * 2 + i % 2]
+                # out'^T += V^T . (p * v_scale)^T, chunk by chunk
+                for ci in T.unroll(c):
+                    if not fp8:
+                        for j in T.unroll(TRIPLE_WORDS):
+                            for e in T.vectorized(vec):
+                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + chunk_words + j * vec + e]
+                    for tr in T.unroll(triples):
+                        if fp8:
+                            T.call_extern("handle", "minima::fp8_values", chunk_at + ci * fp8_chunk_words * 4, r, t, tr, T.address_of(ops[0]))
+                        else:
+                            T.call_extern("handle", "minima::tq3_values", T.address_of(codes[tr * 3]), T.address_of(ops[0]))
+                        for kk in T.unroll(4):
+                            for nb in T.unroll(NB):
+                                T.call_extern(
+                                    "handle",
+                                    "minima::mma_16816",
+                                    T.address_of(acc_o[((tr * 4 + kk) * NB + nb) * 4]),
+                                    T.address_of(ops[kk * 4]),
+                                    T.address_of(p_frag[(ci * NB + nb) * 2]),
+                                )
+                T.call_extern("handle", "__syncwarp")  # the slot is refilled next iteration
+
+        # combine: the 8 token rows of a head live in lanes t, t + 4, ..., t + 28. Each warp's
+        # output rows go to its own part of the ring (its copies are all done: only empty groups
+        # were committed after its last step).
+        T.call_extern("handle", "minima::cp_async_wait<0>")
+        T.call_extern("handle", "__syncwarp")
+        for i in T.unroll(NB * 2):
+            for off in T.unroll(3):
+                l_i[i] += T.shfl_xor(l_i[i], 4 * (1 << off))
+                if not fp8:
+                    z_i[i] += T.shfl_xor(z_i[i], 4 * (1 << off))
+        stat_s = L.stat_s
+        for nb in T.unroll(NB):
+            for j in T.unroll(2):
+                head = nb * HEADS_PER_TILE + 2 * t + j
+                if r == 0 and head < G:
+                    stat_s[0, warp, head] = m_i[nb * 2 + j]
+                    stat_s[1, warp, head] = l_i[nb * 2 + j]
+                    stat_s[2, warp, head] = z_i[nb * 2 + j]
+            for mb in T.unroll(blocks):
+                for i in T.unroll(4):
+                    head = nb * HEADS_PER_TILE + 2 * t + i % 2
+                    # the value GEMM's row order: the FP8 role's is _fp8_device_source's
+                    dim = 32 * (mb // 2) + 4 * r + 2 * (mb % 2) + i // 2 if fp8 else mb * 16 + r + 8 * (i // 2)
+                    if head < G:
+                        ring[warp * warp_words + head * D + dim] = T.reinterpret(acc_o[(mb * NB + nb) * 4 + i], T.uint32)
+        T.sync_threads()
+        m_all, den, num = L.m_all, L.den, L.num
+        for e in T.serial(T.ceildiv(G * D, warps * 32)):
+            idx = e * warps * 32 + tid
+            if idx < G * D:
+                head = idx // D
+                d = idx % D
+                m_all[0] = stat_s[0, 0, head]
+                for w in T.unroll(1, warps):
+                    m_all[0] = T.max(m_all[0], stat_s[0, w, head])
+                den[0] = 0
+                num[0] = 0
+                if m_all[0] > neg_inf:
+                    for w in T.unroll(warps):
+                        wgt = T.exp2(stat_s[0, w, head] - m_all[0])
+                        den[0] += wgt * stat_s[1, w, head]
+                        num[0] += wgt * (T.reinterpret(ring[w * warp_words + head * D + d], T.float32) + stat_s[2, w, head])
+                if fp8:
+                    num[0] *= L.v_scale[0]
+                out_partial[bid, hk * G + head, sid, d] = T.if_then_else(den[0] > 0, num[0] / den[0], T.float32(0))
+                if d == 0:
+                    lse_partial[bid, hk * G + head, sid] = T.if_then_else(den[0] > 0, T.log2(den[0]) + m_all[0], neg_inf)
+
+    def buffers():
+        """The split body's registers and shared memory, one set for both roles."""
+        return SimpleNamespace(
+            q_frag=T.alloc_local([blocks * NB * 2], T.uint32),
+            acc_o=T.alloc_local([blocks * NB * 4], T.float32),
+            acc_s=T.alloc_local([CM * NB * 4], T.float32),
+            acc_k=T.alloc_local([4 * NB * 4], T.float32),
+            m_i=T.alloc_local([NB * 2], T.float32),
+            l_i=T.alloc_local([NB * 2], T.float32),
+            z_i=T.alloc_local([NB * 2], T.float32),
+            alpha=T.alloc_local([NB * 2], T.float32),
+            step_max=T.alloc_local([1], T.float32),
+            step_l=T.alloc_local([1], T.float32),
+            step_z=T.alloc_local([1], T.float32),
+            p_frag=T.alloc_local([CM * NB * 2], T.uint32),
+            ops=T.alloc_local([PAIRS_PER_TRIPLE], T.uint32),
+            codes=T.alloc_local([lane_words], T.uint32),  # one chunk's K or V words of this lane
+            meta_cur=T.alloc_local([C * 6], T.float32),  # per chunk: k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
+            chunk_ok=T.alloc_local([max(C, 2 * C8)], T.int32),  # TQ3: per chunk; FP8: per token row r, r + 8 of a chunk
+            ring=T.alloc_shared([warps * warp_words], T.uint32),
+            meta_ring=T.alloc_shared([warps * stages * C * chunk_meta], T.float16),
+            page_next=T.alloc_local([step_pages], T.int32),
+            rescale=T.alloc_local([1], T.int32),
+            m_all=T.alloc_local([1], T.float32),
+            den=T.alloc_local([1], T.float32),
+            num=T.alloc_local([1], T.float32),
+            stat_s=T.alloc_shared([3, warps, G], T.float32),  # m, l, z per warp and head
+            split=T.alloc_local([5 if C8 else 4], T.int32),
+            lane_off=T.alloc_local([2], T.int32),
+            ring_at=T.alloc_local([3], T.uint32),
+            v_scale=T.alloc_local([1], T.float32),
+        )
+
+    batch, num_pages, nnz, num_splits = T.dynamic("batch, num_pages, nnz, num_splits")
+    if not C8:
+
+        @T.prim_func
+        def tq3_decode(
+            q_words: T.Tensor([batch, heads, D // 2], T.int32),
+            pool_words: T.Tensor([num_pages, page_words], T.int32),
+            page_indptr: T.Tensor([batch + 1], T.int32),
+            page_ids: T.Tensor([nnz], T.int32),
+            out_partial: T.Tensor([batch, heads, num_splits, D], T.float32),
+            lse_partial: T.Tensor([batch, heads, num_splits], T.float32),
+        ):
+            with T.Kernel(num_splits, H, batch, threads=warps * 32) as (sid, hk, bid):
+                T.import_source(source)
+                T.annotate_min_blocks_per_sm(min_blocks)
+                L = buffers()
+                split_body(False, sid, hk, bid, T.get_thread_binding(), q_words, pool_words, page_indptr, page_ids, None, T.float32(scale), out_partial, lse_partial, L)
+
+        return tq3_decode
+
+    num_fp8_pages, fp8_nnz, num_fp8_splits = T.dynamic("num_fp8_pages, fp8_nnz, num_fp8_splits")
+
+    @T.prim_func
+    def mixed_decode(
+        q_words: T.Tensor([batch, heads, D // 2], T.int32),
+        q8_words: T.Tensor([batch, heads, D // 2], T.int32),
+        pool_words: T.Tensor([num_pages, page_words], T.int32),
+        k_pool: T.Tensor([num_fp8_pages, P, H, D], T.uint8),
+        v_pool: T.Tensor([num_fp8_pages, P, H, D], T.uint8),
+        page_indptr: T.Tensor([batch + 1], T.int32),
+        page_ids: T.Tensor([nnz], T.int32),
+        fp8_indptr: T.Tensor([batch + 1], T.int32),
+        fp8_ids: T.Tensor([fp8_nnz], T.int32),
+        fp8_last_len: T.Tensor([batch], T.int32),
+        k_scale: T.float32,
+        v_scale: T.float32,
+        out_partial: T.Tensor([batch, heads, num_splits, D], T.float32),
+        lse_partial: T.Tensor([batch, heads, num_splits], T.float32),
+        fp8_out_partial: T.Tensor([batch, heads, num_fp8_splits, D], T.float32),
+        fp8_lse_partial: T.Tensor([batch, heads, num_fp8_splits], T.float32),
+    ):
+        with T.Kernel(num_splits + num_fp8_splits, H, batch, threads=warps * 32) as (sid, hk, bid):
+            T.import_source(source)
+            T.annotate_min_blocks_per_sm(min_blocks)
+            L = buffers()
+            tid = T.get_thread_binding()
+            if sid < num_splits:
+                split_body(False, sid, hk, bid, tid, q_words, pool_words, page_indptr, page_ids, None, T.float32(scale), out_partial, lse_partial, L)
+            else:
+                L.v_scale[0] = v_scale
+                split_body(
+                    True, sid - num_splits, hk, bid, tid, q8_words, (k_pool, v_pool), fp8_indptr, fp8_ids, fp8_last_len,
+                    k_scale * T.float32(scale), fp8_out_partial, fp8_lse_partial, L,
+                )
+
+    return mixed_decode
+
+
 # page ids come from the memory system's page tables and the CSR from plan(): no bounds guards on loads
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def tq3_decode_kernel(
@@ -256,324 +829,46 @@ def tq3_decode_kernel(
     [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial
     [batch, H*G, num_splits] fp32 (base 2).
     """
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
-    H, G, D, P = num_kv_heads, group_size, head_dim, page_size
-    C = step_chunks
-    NB = -(-G // HEADS_PER_TILE)  # head tiles of 8
-    heads = H * G
-    lane_words = layout.lane_words  # 3, 6, 12
-    triples = lane_words // TRIPLE_WORDS
-    vec = lane_words // TRIPLE_WORDS  # a lane's stream is copied and read as 3 pieces of D/64 words
-    blocks = D // 16
-    chunks_per_page = P // CHUNK_TOKENS
-    page_words = layout.page_bytes // 4
-    head_words = layout.head_code_bytes // 4
-    chunk_words = LANES * lane_words
-    slot_words = C * 2 * chunk_words  # a ring slot: the step's chunks, each K codes then V codes
-    chunk_meta = 3 * CHUNK_TOKENS  # a chunk's k_norm, v_scale, v_zero (halves) in the metadata ring
-    # a warp's part of the ring; after the main loop it holds the warp's output rows for the combine
-    warp_words = max(stages * slot_words, G * D)
-    k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
-    kn_base, vs_base, vz_base = layout.k_norm_offset // 2, layout.v_scale_offset // 2, layout.v_zero_offset // 2
-    scale = sm_scale * LOG2E
-    source = _device_source(centroids, shift_by_imad)
-    if stages < 2:
-        raise ValueError(f"stages={stages}: the chunk ring needs at least 2 slots")
-    if C not in (1, 2, 4):
-        raise ValueError(f"step_chunks={C}: 1, 2 or 4 16-token chunks per softmax step")
-    chains = 4 // C  # partial accumulators of a chunk's key GEMM: 4 independent MMA chains per step
-    # The chunks of a step share a page unless pages are shorter than a step, which then spans
-    # step_pages whole pages; a split's last step may then miss chunks, masked out of the softmax.
-    step_pages = max(1, C // chunks_per_page)
-    ragged = step_pages > 1
-    # With warps * C a multiple of the chunks per page, a warp's steps start at the same chunk of
-    # their pages and the page index advances by a constant: the main loop does no address division.
-    if (warps * C) % chunks_per_page:
-        raise ValueError(f"warps={warps} x step_chunks={C} must be a multiple of the {chunks_per_page} chunks per page")
-    page_stride = warps * C // chunks_per_page
-    copy_chunk = f"minima::copy_chunk<{4 * vec}, {4 * (v_base - k_base)}, {4 * chunk_words}>"
-    neg_inf = -T.infinity(T.float32)
+    return _split_decode(
+        num_kv_heads, group_size, head_dim, page_size, sm_scale, centroids,
+        min_blocks=min_blocks, warps=warps, stages=stages, step_chunks=step_chunks, shift_by_imad=shift_by_imad,
+    )
 
-    batch, num_pages, nnz, num_splits = T.dynamic("batch, num_pages, nnz, num_splits")
 
-    @T.prim_func
-    def tq3_decode(
-        q_words: T.Tensor([batch, heads, D // 2], T.int32),
-        pool_words: T.Tensor([num_pages, page_words], T.int32),
-        page_indptr: T.Tensor([batch + 1], T.int32),
-        page_ids: T.Tensor([nnz], T.int32),
-        out_partial: T.Tensor([batch, heads, num_splits, D], T.float32),
-        lse_partial: T.Tensor([batch, heads, num_splits], T.float32),
-    ):
-        with T.Kernel(num_splits, H, batch, threads=warps * 32) as (sid, hk, bid):
-            T.import_source(source)
-            T.annotate_min_blocks_per_sm(min_blocks)
-            tid = T.get_thread_binding()
-            warp = tid // 32
-            lane = tid % 32
-            r = lane // 4
-            t = lane % 4
+@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
+def mixed_decode_kernel(
+    num_kv_heads: int,
+    group_size: int,
+    head_dim: int,
+    page_size: int,
+    sm_scale: float,
+    centroids: tuple[float, ...],
+    q_dtype: str = "bfloat16",
+    *,
+    min_blocks: int = 1,
+    warps: int = WARPS,
+    stages: int = 2,
+    step_chunks: int = STEP_CHUNKS,
+    shift_by_imad: bool = False,
+    fp8_step_chunks: int = FP8_STEP_CHUNKS,
+):
+    """Both formats' split partials in one launch: CTAs (split < num_splits, kv head, request) run the
+    TQ3 decode over the TQ3 pages (rotated fp16 queries), the next num_fp8_splits CTAs of each (kv
+    head, request) the same loop over the FP8 pages of SGLang's e4m3 pool (the queries as given), with
+    e4m3 pairs converted to fp16 operands in registers (``_fp8_device_source``). One grid, one register
+    and shared-memory budget for both: the two roles' CTAs share the SMs instead of taking turns.
 
-            q_frag = T.alloc_local([blocks * NB * 2], T.uint32)
-            acc_o = T.alloc_local([blocks * NB * 4], T.float32)
-            acc_s = T.alloc_local([C * NB * 4], T.float32)
-            acc_k = T.alloc_local([C * chains * NB * 4], T.float32)
-            m_i = T.alloc_local([NB * 2], T.float32)
-            l_i = T.alloc_local([NB * 2], T.float32)
-            z_i = T.alloc_local([NB * 2], T.float32)
-            alpha = T.alloc_local([NB * 2], T.float32)
-            step_max = T.alloc_local([1], T.float32)
-            step_l = T.alloc_local([1], T.float32)
-            step_z = T.alloc_local([1], T.float32)
-            p_frag = T.alloc_local([C * NB * 2], T.uint32)
-            ops = T.alloc_local([PAIRS_PER_TRIPLE], T.uint32)
-            codes = T.alloc_local([lane_words], T.uint32)  # one chunk's K or V words of this lane
-            meta_cur = T.alloc_local([C * 6], T.float32)  # per chunk: k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
-            chunk_ok = T.alloc_local([C], T.int32)
-            ring = T.alloc_shared([warps * warp_words], T.uint32)
-            meta_ring = T.alloc_shared([warps * stages * C * chunk_meta], T.float16)
-            page_next = T.alloc_local([step_pages], T.int32)
-            rescale = T.alloc_local([1], T.int32)
-
-            m_all = T.alloc_local([1], T.float32)
-            den = T.alloc_local([1], T.float32)
-            num = T.alloc_local([1], T.float32)
-            stat_s = T.alloc_shared([3, warps, G], T.float32)  # m, l, z per warp and head
-
-            # Loop invariants, computed once into registers (as plain expressions TVM would inline them
-            # into the main loop, a 64-bit division included): the split's page range, this warp's
-            # steps, and this lane's copy offsets in a page (bytes; codes: its first piece of the
-            # warp's first chunk in each page; metadata: field lane // 8, halves 2 (lane % 8) and +1)
-            # and shared-memory addresses.
-            split = T.alloc_local([4], T.int32)  # first page id index, chunks, steps of this warp, its first page id index
-            first = page_indptr[bid]
-            n_pages = page_indptr[bid + 1] - first
-            per_split = T.ceildiv(n_pages, num_splits)
-            p_lo = T.min(sid * per_split, n_pages)
-            p_hi = T.min(p_lo + per_split, n_pages)
-            split[0] = first + p_lo
-            split[1] = (p_hi - p_lo) * chunks_per_page
-            split[2] = T.max(T.ceildiv(split[1], C) - warp + warps - 1, 0) // warps  # steps warp, warp + warps, ...
-            split[3] = split[0] + warp * C // chunks_per_page
-            page0, n_chunks, n_mine, page_at = split[0], split[1], split[2], split[3]
-            first_sub = T.if_then_else(ragged, 0, warp * C % chunks_per_page)  # the warp's first chunk in a page
-            lane_off = T.alloc_local([2], T.int32)
-            lane_off[0] = (k_base + hk * head_words + lane * vec + first_sub * chunk_words) * 4
-            lane_off[1] = (
-                T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
-                + hk * P
-                + (lane % 8) * 2
-                + first_sub * CHUNK_TOKENS
-            ) * 2
-            ring_at = T.alloc_local([3], T.uint32)  # this lane's first piece in slot 0, its metadata, its key table column
-            ring_at[0] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(ring[warp * warp_words + lane * vec]))
-            ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * chunk_meta + lane * 2]))
-            ring_at[2] = T.call_extern(T.uint32, "minima::table_lane", lane)
-
-            for kb in T.unroll(blocks):
-                for nb in T.unroll(NB):
-                    for j in T.unroll(2):
-                        head = nb * HEADS_PER_TILE + r
-                        q_frag[(kb * NB + nb) * 2 + j] = T.if_then_else(
-                            head < G,
-                            T.Cast(T.uint32, q_words[bid, hk * G + T.min(head, G - 1), kb * 8 + t + 4 * j]),
-                            T.uint32(0),
-                        )
-            for i in T.unroll(blocks * NB * 4):
-                acc_o[i] = 0
-            for i in T.unroll(NB * 2):
-                m_i[i] = neg_inf
-                l_i[i] = 0
-                z_i[i] = 0
-            T.call_extern("handle", "minima::fill_key_table", warp, warps, lane)
-            T.sync_threads()
-
-            # Each warp streams its steps (C chunks each) through a ring of `stages` slots in shared
-            # memory with cp.async: step it + stages - 1 is requested while step it computes, so
-            # stages - 1 steps per warp are in flight without holding registers. The warp copies a
-            # chunk's code words in adjacent pieces (coalesced: copying each lane's own stream instead
-            # wasted half of every 32-byte sector per instruction) and each lane reads back its own
-            # stream; the 96 bytes of norms / scales / zeros are copied by 24 lanes. Lanes read what
-            # other lanes copied, hence the __syncwarp after the wait.
-            # page ids of the next step, loaded one step ahead (ragged: step_pages of them, clamped to
-            # the split's last page: a missing chunk's page is not read)
-            for ci in T.unroll(step_pages):
-                page_next[ci] = T.if_then_else(n_mine > 0, page_ids[T.min(page_at + ci, page0 + n_chunks // chunks_per_page - 1)], 0)
-            for it in T.serial(n_mine + stages - 1):
-                if it < n_mine:
-                    slot = it % stages
-                    for ci in T.unroll(C):
-                        page = page_next[ci // chunks_per_page if ragged else 0]
-                        if not ragged or (warp + it * warps) * C + ci < n_chunks:
-                            T.call_extern(
-                                "handle",
-                                copy_chunk,
-                                ring_at[0] + (slot * slot_words + ci * 2 * chunk_words) * 4,
-                                ring_at[1] + ((slot * C + ci) * chunk_meta) * 2,
-                                T.address_of(pool_words[page, 0]),
-                                lane_off[0] + (ci % chunks_per_page) * chunk_words * 4,
-                                lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
-                                lane < 24,
-                            )
-                    if it + 1 < n_mine:
-                        if ragged:
-                            for ci in T.unroll(step_pages):
-                                page_next[ci] = page_ids[
-                                    T.min(page_at + (it + 1) * page_stride + ci, page0 + n_chunks // chunks_per_page - 1)
-                                ]
-                        else:
-                            page_next[0] = page_ids[page_at + (it + 1) * page_stride]
-                T.call_extern("handle", "minima::cp_async_commit")
-                if it >= stages - 1:
-                    T.call_extern("handle", f"minima::cp_async_wait<{stages - 1}>")
-                    T.call_extern("handle", "__syncwarp")
-                    slot_base = warp * warp_words + (it - stages + 1) % stages * slot_words + lane * lane_words
-                    meta_base = (warp * stages + (it - stages + 1) % stages) * C * chunk_meta
-                    for ci in T.unroll(C):
-                        chunk_ok[ci] = T.Cast(T.int32, (warp + (it - stages + 1) * warps) * C + ci < n_chunks)
-                        for j in T.unroll(2):
-                            for f in T.unroll(3):
-                                meta_cur[ci * 6 + 2 * f + j] = T.Cast(
-                                    T.float32, meta_ring[meta_base + ci * chunk_meta + f * CHUNK_TOKENS + r + 8 * j]
-                                )
-                            meta_cur[ci * 6 + j] *= scale  # k_norm * sm_scale * log2 e: one factor per score
-                            if ragged:  # a missing chunk: no probability mass (its shared memory is stale)
-                                meta_cur[ci * 6 + 2 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 2 + j], 0)
-                                meta_cur[ci * 6 + 4 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 4 + j], 0)
-                    # scores^T = K . q'^T per chunk, triple by triple (4 k-blocks of 16 dims each)
-                    for ci in T.unroll(C):
-                        for j in T.unroll(TRIPLE_WORDS):
-                            for e in T.vectorized(vec):
-                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + j * vec + e]
-                        for i in T.unroll(chains * NB * 4):
-                            acc_k[ci * chains * NB * 4 + i] = 0
-                        for tr in T.unroll(triples):
-                            T.call_extern("handle", "minima::tq3_keys", T.address_of(codes[tr * 3]), ring_at[2], T.address_of(ops[0]))
-                            for kk in T.unroll(4):
-                                for nb in T.unroll(NB):
-                                    T.call_extern(
-                                        "handle",
-                                        "minima::mma_16816",
-                                        T.address_of(acc_k[((ci * chains + kk % chains) * NB + nb) * 4]),
-                                        T.address_of(ops[kk * 4]),
-                                        T.address_of(q_frag[((tr * 4 + kk) * NB + nb) * 2]),
-                                    )
-                        for i in T.unroll(NB * 4):
-                            acc_s[ci * NB * 4 + i] = acc_k[ci * chains * NB * 4 + i]
-                            for ch in T.unroll(1, chains):
-                                acc_s[ci * NB * 4 + i] += acc_k[(ci * chains + ch) * NB * 4 + i]
-                    # online softmax over the step; this thread holds tokens r, r + 8 of each chunk for
-                    # heads 2t, 2t + 1
-                    rescale[0] = 0
-                    for nb in T.unroll(NB):
-                        for j in T.unroll(2):
-                            step_max[0] = neg_inf
-                            for ci in T.unroll(C):
-                                for h in T.unroll(2):  # token r + 8 h
-                                    score = ci * NB * 4 + nb * 4 + 2 * h + j
-                                    acc_s[score] = acc_s[score] * meta_cur[ci * 6 + h]
-                                    if ragged:
-                                        acc_s[score] = T.if_then_else(chunk_ok[ci] != 0, acc_s[score], neg_inf)
-                                    step_max[0] = T.max(step_max[0], acc_s[score])
-                            c4 = T.max(step_max[0], T.shfl_xor(step_max[0], 4))
-                            c8 = T.max(c4, T.shfl_xor(c4, 8))
-                            c16 = T.max(c8, T.shfl_xor(c8, 16))
-                            m_new = T.max(m_i[nb * 2 + j], c16)
-                            alpha[nb * 2 + j] = T.call_extern(T.float32, "minima::ex2", m_i[nb * 2 + j] - m_new)
-                            rescale[0] = rescale[0] | T.Cast(T.int32, m_new != m_i[nb * 2 + j])
-                            m_i[nb * 2 + j] = m_new
-                            step_l[0] = 0
-                            step_z[0] = 0
-                            for ci in T.unroll(C):
-                                for h in T.unroll(2):
-                                    p = T.call_extern(T.float32, "minima::ex2", acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] - m_new)
-                                    step_l[0] += p
-                                    step_z[0] += p * meta_cur[ci * 6 + 4 + h]
-                                    acc_s[ci * NB * 4 + nb * 4 + 2 * h + j] = p * meta_cur[ci * 6 + 2 + h]
-                            l_i[nb * 2 + j] = l_i[nb * 2 + j] * alpha[nb * 2 + j] + step_l[0]
-                            z_i[nb * 2 + j] = z_i[nb * 2 + j] * alpha[nb * 2 + j] + step_z[0]
-                        for ci in T.unroll(C):
-                            for h in T.unroll(2):  # tokens r (h=0) / r + 8 (h=1) -> B operand rows
-                                p_frag[(ci * NB + nb) * 2 + h] = T.call_extern(
-                                    T.uint32,
-                                    "minima::transpose8x8",
-                                    T.call_extern(
-                                        T.uint32,
-                                        "minima::pack_half2",
-                                        acc_s[ci * NB * 4 + nb * 4 + 2 * h],
-                                        acc_s[ci * NB * 4 + nb * 4 + 2 * h + 1],
-                                    ),
-                                )
-                    # rescale the output only when some running max moved (rare once the max settles)
-                    if T.call_extern(T.int32, "__any_sync", T.uint32(0xFFFFFFFF), rescale[0]) != 0:
-                        for mb in T.unroll(blocks):
-                            for nb in T.unroll(NB):
-                                for i in T.unroll(4):
-                                    acc_o[(mb * NB + nb) * 4 + i] *= alpha[nb * 2 + i % 2]
-                    # out'^T += V^T . (p * v_scale)^T, chunk by chunk
-                    for ci in T.unroll(C):
-                        for j in T.unroll(TRIPLE_WORDS):
-                            for e in T.vectorized(vec):
-                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + chunk_words + j * vec + e]
-                        for tr in T.unroll(triples):
-                            T.call_extern("handle", "minima::tq3_values", T.address_of(codes[tr * 3]), T.address_of(ops[0]))
-                            for kk in T.unroll(4):
-                                for nb in T.unroll(NB):
-                                    T.call_extern(
-                                        "handle",
-                                        "minima::mma_16816",
-                                        T.address_of(acc_o[((tr * 4 + kk) * NB + nb) * 4]),
-                                        T.address_of(ops[kk * 4]),
-                                        T.address_of(p_frag[(ci * NB + nb) * 2]),
-                                    )
-                    T.call_extern("handle", "__syncwarp")  # the slot is refilled next iteration
-
-            # combine: the 8 token rows of a head live in lanes t, t + 4, ..., t + 28. Each warp's
-            # output rows go to its own part of the ring (its copies are all done: only empty groups
-            # were committed after its last step).
-            T.call_extern("handle", "minima::cp_async_wait<0>")
-            T.call_extern("handle", "__syncwarp")
-            for i in T.unroll(NB * 2):
-                for off in T.unroll(3):
-                    l_i[i] += T.shfl_xor(l_i[i], 4 * (1 << off))
-                    z_i[i] += T.shfl_xor(z_i[i], 4 * (1 << off))
-            for nb in T.unroll(NB):
-                for j in T.unroll(2):
-                    head = nb * HEADS_PER_TILE + 2 * t + j
-                    if r == 0 and head < G:
-                        stat_s[0, warp, head] = m_i[nb * 2 + j]
-                        stat_s[1, warp, head] = l_i[nb * 2 + j]
-                        stat_s[2, warp, head] = z_i[nb * 2 + j]
-                for mb in T.unroll(blocks):
-                    for i in T.unroll(4):
-                        head = nb * HEADS_PER_TILE + 2 * t + i % 2
-                        if head < G:
-                            ring[warp * warp_words + head * D + mb * 16 + r + 8 * (i // 2)] = T.reinterpret(
-                                acc_o[(mb * NB + nb) * 4 + i], T.uint32
-                            )
-            T.sync_threads()
-            for e in T.serial(T.ceildiv(G * D, warps * 32)):
-                idx = e * warps * 32 + tid
-                if idx < G * D:
-                    head = idx // D
-                    d = idx % D
-                    m_all[0] = stat_s[0, 0, head]
-                    for w in T.unroll(1, warps):
-                        m_all[0] = T.max(m_all[0], stat_s[0, w, head])
-                    den[0] = 0
-                    num[0] = 0
-                    if m_all[0] > neg_inf:
-                        for w in T.unroll(warps):
-                            wgt = T.exp2(stat_s[0, w, head] - m_all[0])
-                            den[0] += wgt * stat_s[1, w, head]
-                            num[0] += wgt * (T.reinterpret(ring[w * warp_words + head * D + d], T.float32) + stat_s[2, w, head])
-                    out_partial[bid, hk * G + head, sid, d] = T.if_then_else(den[0] > 0, num[0] / den[0], T.float32(0))
-                    if d == 0:
-                        lse_partial[bid, hk * G + head, sid] = T.if_then_else(
-                            den[0] > 0, T.log2(den[0]) + m_all[0], neg_inf
-                        )
-
-    return tq3_decode
+    Shapes as ``tq3_decode_kernel``'s, plus: q8_words [batch, H*G, D/2] int32 (the queries, ``q_dtype``
+    pairs); k_pool / v_pool [num_fp8_pages, page_size, H, D] uint8 (e4m3); fp8_indptr [batch+1],
+    fp8_ids [fp8_nnz], fp8_last_len [batch] int32 (tokens in each request's last FP8 page); k_scale,
+    v_scale fp32 -> fp8_out_partial [batch, H*G, num_fp8_splits, D] fp32, fp8_lse_partial [batch, H*G,
+    num_fp8_splits] (base 2). A split without tokens writes out = 0, lse = -inf.
+    """
+    return _split_decode(
+        num_kv_heads, group_size, head_dim, page_size, sm_scale, centroids,
+        min_blocks=min_blocks, warps=warps, stages=stages, step_chunks=step_chunks, shift_by_imad=shift_by_imad,
+        fp8_step_chunks=fp8_step_chunks, q_dtype=q_dtype,
+    )
 
 
 def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int | None = None) -> dict[str, int]:

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 timeout 240 python3 scripts/device/warm_kernels.py ${WARM_ARGS:-} 2>&1 | tee "$OUT/warm.log" | grep -v "^\s*$" | tail -40
 # three pytest processes: a CUDA error is sticky for its process, so one failing kernel must not
 # take the other groups' results down with it
-IFS='|' read -ra groups <<< "${TEST_GROUPS:-bit_identical or glue_rotations or split_combine|mixed_decode|all_fp8 or without_fp8 or long_context or more_splits_than_pages or single_request or fp8_build}"
+IFS="|" read -ra groups <<< "${TEST_GROUPS:-bit_identical or glue_rotations or split_combine|mixed_decode|all_fp8 or without_fp8 or long_context or more_splits_than_pages or single_request or fp8_build or fused}"
 for group in "${groups[@]}"; do
   timeout "$test_timeout" python3 -m pytest test/gpu/test_kernels.py -k "$group" -v -s -p no:cacheprovider \
     --confcutdir=test/gpu -o addopts="" 2>&1 | tee -a "$OUT/tests.log" | grep -E "PASS|FAIL|ERROR|rel_err|differ|passed|failed|Error" | tail -30

@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import flashinfer
 import torch
 from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
-from minima_kernels.decode import key_centroids_fp16
+from minima_kernels.decode import fused_build_of, key_centroids_fp16
+from minima_kernels.tq3_decode import mixed_decode_kernel
 from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
 from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 from sglang_minima.codec import tq3_codebook
@@ -48,6 +49,16 @@ def tilelang_jobs(decode_only: bool):
                 f"tq3_decode {hq}/{h}/{d}/p{p} {build}",
                 lambda h=h, g=g, d=d, p=p, build=build: tq3_decode_kernel(h, g, d, p, d**-0.5, key_centroids_fp16(d), **build),
             )
+        # fp8_kernel="fused": the library's builds with the FP8 role (fp16 queries: one GPU test)
+        library = library_tq3_builds(g, p, d)
+        for build in [b for i, b in enumerate(library) if b not in library[:i]]:
+            for dtype in ("bfloat16", "float16") if (hq, h, d, p) in TEST_GEOMETRIES else ("bfloat16",):
+                yield (
+                    f"mixed_decode {hq}/{h}/{d}/p{p} {dtype} {build}",
+                    lambda h=h, g=g, d=d, p=p, b=fused_build_of(build, p), dtype=dtype: mixed_decode_kernel(
+                        h, g, d, p, d**-0.5, key_centroids_fp16(d), dtype, **b
+                    ),
+                )
         yield f"merge {hq}/{d}", lambda hq=hq, d=d: tq3_merge_splits(hq, d)
         yield f"rotate q {hq}/{h}/{d}", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "bfloat16")
         for state in FP8_STATES:
@@ -55,6 +66,18 @@ def tilelang_jobs(decode_only: bool):
                 f"epilogue {hq}/{h}/{d} fp8={state}",
                 lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "bfloat16"),
             )
+            if (hq, h, d, p) in BENCH_GEOMETRIES:  # the benchmark's wide-epilogue fused decode (all states: its wrapper builds them)
+                yield (
+                    f"epilogue {hq}/{h}/{d} fp8={state} threads=1024",
+                    lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "bfloat16", 1024),
+                )
+        if (hq, h, d, p) in TEST_GEOMETRIES:  # the fp16-query fused test's wrapper builds its glue for fp16
+            yield f"rotate q {hq}/{h}/{d} fp16", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "float16")
+            for state in FP8_STATES:
+                yield (
+                    f"epilogue {hq}/{h}/{d} fp8={state} fp16",
+                    lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "float16"),
+                )
         for pages in (1, 2) if d <= 128 else (1,):
             yield (
                 f"fp8 decode {hq}/{h}/{d}/p{p} pages_per_step={pages}",

@@ -5,6 +5,7 @@ layout errors surface before any device time is spent. Skipped where tilelang or
 (CI installs neither: they are the GPU extra).
 """
 
+import collections
 import math
 import shutil
 
@@ -69,6 +70,15 @@ def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: in
     assert f"__launch_bounds__({32 * config['warps']}, {config['min_blocks']})" in src
     if batch == 1 and d != 128:
         assert config["warps"] * config["min_blocks"] == 8
+    # the same build with the FP8 role (fp8_kernel="fused"): its chunk copy and fragment loads, and the
+    # FP8 ring's steps also fit every page size
+    from minima_kernels.decode import fused_build_of
+    from minima_kernels.tq3_decode import mixed_decode_kernel
+
+    src = _compile(mixed_decode_kernel, h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), "float16", **fused_build_of(config, page))
+    assert "minima::copy_fp8_chunk(" in src and "minima::fp8_keys(" in src and "minima::fp8_values(" in src
+    assert "minima::bf16x2_to_half2(" not in src.split("namespace minima")[-1]  # fp16 queries go in as they are
+    assert f"__launch_bounds__({32 * config['warps']}, {config['min_blocks']})" in src
 
 
 def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:
@@ -104,6 +114,54 @@ def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
     # scripts/kernel_sass.py on the library build: no register spills, and one softmax step (two
     # 16-token chunks) per iteration costs 2 * D/16 MMAs per chunk (keys and values, one n8 tile of
     # heads) and D/4 key-table loads per chunk
+    kernel_sass = _kernel_sass()
+    if shutil.which("cuobjdump") is None and not _wheel_has("cuobjdump"):
+        pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path)
+    usage = kernel_sass.cuobjdump(cubin, "-res-usage")
+    assert "STACK:0" in usage and "LOCAL:0" in usage, usage
+    (loop,) = kernel_sass.role_loops(kernel_sass.cuobjdump(cubin, "-sass"), 1)
+    loop = [kernel_sass.opcode(t) for t in loop]
+    from minima_kernels import tile_config
+
+    chunks = tile_config(hq // h, 64, d)["step_chunks"]
+    assert loop.count("HMMA") == chunks * 2 * d // 16
+    assert loop.count("LDS") >= chunks * d // 4  # the key table, one load per code pair, plus the ring reads
+
+
+@pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
+def test_fused_decode_main_loops_sass(hq: int, h: int, d: int, tmp_path) -> None:
+    # mixed_decode_kernel: no spills; its TQ3 role's step loop does the TQ3 decode's work (the same
+    # MMAs, loads, exponentials; within 1% of its instructions); its FP8 role's has 2 * D/16 MMAs per chunk and converts the chunk's K and V bytes
+    # with D/2 cvt.e4m3x2 (F2FP) per lane, fed by D/16 8-byte and D/8 4-byte ring loads
+    kernel_sass = _kernel_sass()
+    if shutil.which("cuobjdump") is None and not _wheel_has("cuobjdump"):
+        pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    from minima_kernels import tile_config
+    from minima_kernels.decode import fused_build_of
+
+    build = fused_build_of(tile_config(hq // h, 64, d), 64)
+    cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {"fp8_step_chunks": build["fp8_step_chunks"]}, tmp_path, fused=True)
+    usage = kernel_sass.cuobjdump(cubin, "-res-usage")
+    assert "STACK:0" in usage and "LOCAL:0" in usage, usage
+    tq3, fp8 = kernel_sass.role_loops(kernel_sass.cuobjdump(cubin, "-sass"), 2)
+    (tmp_path / "alone").mkdir()
+    alone = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path / "alone")
+    (tq3_alone,) = kernel_sass.role_loops(kernel_sass.cuobjdump(alone, "-sass"), 1)
+    mix = lambda loop: collections.Counter(kernel_sass.opcode(t) for t in loop if not t.startswith("@!PT"))  # noqa: E731
+    fused_mix, alone_mix = mix(tq3), mix(tq3_alone)
+    # registers and a few address instructions differ, not the work
+    assert all(fused_mix[op] == alone_mix[op] for op in ("HMMA", "LDS", "LDGSTS", "MUFU", "HFMA2", "SHFL"))
+    assert abs(sum(fused_mix.values()) - sum(alone_mix.values())) <= 0.01 * sum(alone_mix.values())
+    ops = [kernel_sass.opcode(t) for t in fp8 if not t.startswith("@!PT")]  # (never-executed padding loads)
+    chunks = build["fp8_step_chunks"]
+    assert ops.count("HMMA") == chunks * 2 * d // 16
+    assert ops.count("F2FP") >= chunks * d // 2
+    assert ops.count("LDS") == chunks * (d // 16 + d // 8)
+
+
+def _kernel_sass():
+    """scripts/kernel_sass.py as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -111,17 +169,7 @@ def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
     spec = importlib.util.spec_from_file_location("kernel_sass", script)
     kernel_sass = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(kernel_sass)
-    if shutil.which("cuobjdump") is None and not _wheel_has("cuobjdump"):
-        pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path)
-    usage = kernel_sass.cuobjdump(cubin, "-res-usage")
-    assert "STACK:0" in usage and "LOCAL:0" in usage, usage
-    loop = [kernel_sass.opcode(t) for t in kernel_sass.main_loop(kernel_sass.cuobjdump(cubin, "-sass"))]
-    from minima_kernels import tile_config
-
-    chunks = tile_config(hq // h, 64, d)["step_chunks"]
-    assert loop.count("HMMA") == chunks * 2 * d // 16
-    assert loop.count("LDS") >= chunks * d // 4  # the key table, one load per code pair, plus the ring reads
+    return kernel_sass
 
 
 def _wheel_has(tool: str) -> bool:

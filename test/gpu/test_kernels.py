@@ -69,12 +69,14 @@ def _check(batch, out: torch.Tensor, lse: torch.Tensor, hq: int, d: int, sm_scal
     assert lse_err < LSE_ATOL
 
 
-@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang", "fused"])
 @pytest.mark.parametrize("overlap_fp8", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
 def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap_fp8: bool, fp8_kernel: str) -> None:
     from kv_fixtures import make_batch
 
+    if fp8_kernel == "fused" and not overlap_fp8:
+        pytest.skip("the fused decode is one launch: no side stream to overlap")
     # odd fills of the last FP8 page, one request without TQ3 pages, ~75% Stale overall
     batch = make_batch(hq, h, d, p, [1, 3, 2, 1, 2], [9, 0, 5, 13, 1], [1, p - 1, p, 7, 3], seed=hq + p)
     wrapper = _wrapper(hq, h, d, p, fp8_kernel)
@@ -131,7 +133,7 @@ def test_tilelang_fp8_more_splits_than_pages_and_nan_slots(hq: int, h: int, d: i
     _check(batch, out, lse, hq, d)
 
 
-@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang", "fused"])
 def test_request_without_fp8_pages(fp8_kernel: str) -> None:
     from kv_fixtures import make_batch
 
@@ -139,7 +141,66 @@ def test_request_without_fp8_pages(fp8_kernel: str) -> None:
     batch = make_batch(hq, h, d, p, [2, 0, 1], [3, 6, 0], [9, 0, 4], seed=3)
     wrapper = _wrapper(hq, h, d, p, fp8_kernel)
     _check(batch, *_run_poisoned(wrapper, batch), hq, d)
-    assert (wrapper.fp8_plan is not None) == (fp8_kernel == "tilelang")
+    assert (wrapper.fp8_plan is not None) == (fp8_kernel != "flashinfer")
+    assert (wrapper._mixed_kernel is not None) == (fp8_kernel == "fused")
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_fused_decode_nan_slots_ragged_splits(hq: int, h: int, d: int, p: int, q_dtype: torch.dtype) -> None:
+    # fp8_kernel="fused": both formats' splits in one grid. 8 FP8 splits over 1-24 pages (empty splits,
+    # a split ending inside a request's last page, chunks wholly past it), e4m3 NaN in every slot past
+    # a request's last token (zero-filled by the copy), a request without FP8 pages and one without TQ3
+    # pages; then the same plan replayed from a CUDA graph must give the eager run's bits
+    from kv_fixtures import make_batch
+
+    batch = make_batch(hq, h, d, p, [3, 1, 0, 24, 2], [2, 1, 5, 0, 9], [5, p, 0, 3, p // 2 + 1], seed=hq + 31, unused_slot_byte=0x7F)
+    batch.q = batch.q.to(q_dtype)
+    wrapper = _wrapper(hq, h, d, p, "fused", q_dtype=q_dtype)
+    out, lse = _run_poisoned(wrapper, batch, num_splits=5, num_fp8_splits=8)
+    assert wrapper._mixed_kernel is not None and wrapper.fp8_plan.num_splits == 8 and wrapper.tq3_plan.num_splits == 5
+    _check(batch, out, lse, hq, d)
+    eager_out, eager_lse = out.clone(), lse.clone()
+    args = (batch.q, (batch.k_fp8.view(torch.float8_e4m3fn), batch.v_fp8.view(torch.float8_e4m3fn)), batch.tq3_pages, batch.rotation.signs.cuda())
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        wrapper.run(*args, k_scale=batch.k_scale, v_scale=batch.v_scale)
+        with torch.cuda.graph(graph, stream=stream):
+            wrapper.run(*args, k_scale=batch.k_scale, v_scale=batch.v_scale)
+    for buf in (wrapper.tq3_plan.out_partial, wrapper.fp8_plan.out_partial, wrapper._out, wrapper._lse):
+        buf.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(wrapper._out.view(torch.int16), eager_out.view(torch.int16)) and torch.equal(wrapper._lse, eager_lse)
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_fused_decode_with_a_wide_epilogue(hq: int, h: int, d: int, p: int) -> None:
+    # epilogue_threads=1024: 1024 / D groups of threads share each head's splits (40 TQ3 + 24 FP8 here)
+    from kv_fixtures import make_batch
+
+    batch = make_batch(hq, h, d, p, [30, 2], [200, 7], [p - 1, 4], seed=hq + 41)
+    wrapper = _wrapper(hq, h, d, p, "fused", epilogue_threads=1024)
+    out, lse = _run_poisoned(wrapper, batch, num_splits=40, num_fp8_splits=24)
+    _check(batch, out, lse, hq, d)
+    assert "__launch_bounds__(1024" in wrapper._epilogue["splits"].get_kernel_source()
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_fused_plan_shares_one_wave(hq: int, h: int, d: int, p: int) -> None:
+    # the library's split counts (choose_mixed_splits) for a single long request and a batch of three
+    from kv_fixtures import make_batch
+    from minima_kernels import tile_config
+    from minima_kernels.decode import choose_mixed_splits
+
+    wrapper = _wrapper(hq, h, d, p, "fused")
+    for fp8_pages, tq3_pages, last in (([12], [150], [p - 5]), ([1, 3, 2], [20, 1, 33], [1, p - 1, 7])):
+        batch = make_batch(hq, h, d, p, fp8_pages, tq3_pages, last, seed=hq + len(last))
+        _check(batch, *_run_poisoned(wrapper, batch), hq, d)
+        build = tile_config(hq // h, p, d, len(last))
+        assert (wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits) == choose_mixed_splits(
+            len(last), h, max(tq3_pages), max(fp8_pages), p, d, build
+        )
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
@@ -192,7 +253,7 @@ def test_long_context_many_splits() -> None:
     _check(batch, out, lse, hq, d)
 
 
-@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang"])
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "tilelang", "fused"])
 @pytest.mark.parametrize("layer", [1, 15, 29])
 def test_mixed_decode_on_captured_smollm2_kv(layer: int, fp8_kernel: str) -> None:
     # real post-RoPE K/V and query of SmolLM2-135M-Instruct (test/gpu/capture_smollm2_kv.py): 1,024

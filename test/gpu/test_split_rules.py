@@ -40,3 +40,21 @@ def test_two_page_steps_past_the_tested_head_dims_are_refused() -> None:
 
     with pytest.raises(ValueError, match="pages_per_step=2"):
         fp8_decode_kernel(4, 6, 256, 64, 256**-0.5, "bfloat16", pages_per_step=2)
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,tq3_pages,fp8_pages,head_dim,splits",
+    [
+        (1, 4, 384, 128, 256, (25, 8)),  # one wave of 132 slots / 4 heads = 33, shared 3:1 as the pages
+        (1, 3, 1536, 512, 64, (33, 11)),  # 8 warps x 1 CTA at batch 1: 44 slots per kv head
+        (8, 3, 384, 128, 64, (16, 6)),  # 4 CTAs x 4 warps: 22 slots per (request, kv head)
+        (32, 8, 1536, 512, 128, (1, 1)),  # fewer slots than pairs: one split of each, two waves
+        (1, 4, 2, 2, 256, (1, 1)),  # at least 2 chunks per warp
+    ],
+)
+def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int, head_dim: int, splits: tuple) -> None:
+    from minima_kernels import tile_config
+    from minima_kernels.decode import choose_mixed_splits
+
+    build = tile_config(0, 64, head_dim, batch)
+    assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, head_dim, build) == splits
