@@ -95,12 +95,12 @@ def split_sweep(wrapper, plan_args: tuple, mixed, knob: str, candidates: set[int
 
 
 FUSED_WEIGHTS = (0.5, 1.0, 2.0)  # FP8 chunk weights of the fused decode's split rule, timed at 75% Stale
-WIDE_EPILOGUE_THREADS = 1024  # the fused decode's epilogue with 4x the threads (more loads in flight), batch <= 8
 
 
 def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str, lean: bool = False) -> list[dict]:
-    """All Stale fractions of one shape. ``lean``: FlashInfer, the mixed decode with each FP8 kernel
-    and the TQ3 kernel alone, without the split sweeps, build variants and per-part timings."""
+    """All Stale fractions of one shape. ``lean``: FlashInfer, the mixed decode (the library's: fused)
+    and the two-launch paths with each FP8 kernel, the TQ3 kernel alone, without the split sweeps,
+    build variants and per-part timings."""
     hq, h, d = GEOMETRIES[geom]
     pages_per_req = ctx // PAGE
     n_pages = batch * pages_per_req
@@ -153,8 +153,6 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
     fp8_perm_cpu = perm.cpu()
     wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE)
-    fused = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="fused")
-    wide = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, fp8_kernel="fused", epilogue_threads=WIDE_EPILOGUE_THREADS) if batch <= 8 else None
     variant_wrappers = {}  # MIXED_TQ3_VARIANTS' mixed decodes
     one_page_wrapper = None  # the TileLang FP8 decode with 1 page per step
     for frac in STALE:
@@ -192,25 +190,24 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             num_splits=wrapper.tq3_plan.num_splits if n_tq3 else 0,
         )
         if n_tq3 and n_fp8:
-            # the FP8 pages in the TQ3 decode's grid (one launch for both formats), with the library's
-            # split rule and, at 75% Stale, with other FP8 chunk weights in it
-            fused.plan(*plan_args)
-            run_fused = partial(fused.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)
-            row["minima_fused_ms"], _ = bench_ms(run_fused)
-            row["fused_splits"] = [fused.tq3_plan.num_splits, fused.fp8_plan.num_splits]
-            if wide is not None:
-                wide.plan(*plan_args)
-                row[f"minima_fused_t{WIDE_EPILOGUE_THREADS}_ms"], _ = bench_ms(partial(wide.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
+            # the library's mixed decode is the fused one (the FP8 pages in the TQ3 decode's grid):
+            # its split rule with other FP8 chunk weights at 75% Stale, and where the grid takes several
+            # waves, one split of each format (the rule's equal-work splits against the one-wave share)
+            row["fused_splits"] = [wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits]
+            build = wrapper._tq3_build
+            if build["min_blocks"] * 132 // (batch * h) < 2:
+                wrapper.plan(*plan_args, num_splits=1, num_fp8_splits=1)
+                row["minima_fused_one_split_each_ms"], _ = bench_ms(mixed)
             if frac == STALE[0]:
-                build = fused._tq3_build
                 sweep = {}
                 for weight in FUSED_WEIGHTS:
                     splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, d, build, fp8_weight=weight)
                     if splits not in sweep.values():
-                        fused.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
-                        row[f"minima_fused_w{weight}_ms"], _ = bench_ms(run_fused)
+                        wrapper.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
+                        row[f"minima_fused_w{weight}_ms"], _ = bench_ms(mixed)
                         sweep[weight] = splits
                 row["fused_weight_splits"] = {str(w): list(s) for w, s in sweep.items()}
+            wrapper.plan(*plan_args)
         if n_tq3 and n_fp8 and batch <= 8 and frac == STALE[0] and not lean:
             # the split count at small batch: more splits fill the GPU with shorter CTAs, fewer leave
             # SMs to FlashInfer's concurrent kernel and give the combine less to do
@@ -243,7 +240,10 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
         if n_tq3 and n_fp8:
             # the FP8 part by each kernel ("auto" above picks one by the batch's FP8 tokens): FlashInfer's
             # decode + merge, or the TileLang FP8 decode (split partials into the same epilogue)
-            row["fp8_kernel_auto"] = "tilelang" if wrapper.fp8_plan is not None else "flashinfer"
+            # the two-launch paths (the library's before the fused decode; its "auto" took the TileLang
+            # FP8 decode up to TILELANG_FP8_MAX_TOKENS FP8 slots, FlashInfer above)
+            slots = n_fp8 * batch * PAGE
+            row["fp8_kernel_previous_auto"] = "tilelang" if slots <= TILELANG_FP8_MAX_TOKENS[d] else "flashinfer"
             for kernel in ("tilelang", "flashinfer"):
                 wrapper.fp8_kernel = kernel
                 wrapper.plan(*plan_args)
@@ -265,9 +265,10 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 wrapper.overlap_fp8 = False
                 row["minima_serial_ms"], _ = bench_ms(mixed)
                 wrapper.overlap_fp8 = True
-            wrapper.fp8_kernel = "auto"
+        if n_tq3:  # the TQ3 kernel alone, with its own split rule (planned as the two-launch path does)
+            wrapper.fp8_kernel = "flashinfer"
             wrapper.plan(*plan_args)
-        if n_tq3:
+            row["tq3_alone_splits"] = wrapper.tq3_plan.num_splits
             q_rot = torch.randn(batch, hq, d, device=dev).to(torch.float16)
             tq3_ms, _ = bench_ms(partial(wrapper.run_tq3, q_rot, tq3))
             tq3_bytes = batch * n_tq3 * layout.page_bytes
@@ -276,6 +277,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 tq3_kernel_tbps=tq3_bytes / tq3_ms / 1e9,
                 tq3_roofline_frac=tq3_bytes / tq3_ms / 1e9 / ROOFLINE_TBPS,
             )
+            wrapper.fp8_kernel = "auto"
         rows.append(row)
     # FlashInfer FP8 once more, after Minima's runs: a slower GPU (clocks, heat) slows this one too,
     # a slower Minima path does not
@@ -452,7 +454,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--skip-conversion", action="store_true", help="leave out the conversion throughput")
     ap.add_argument("--variants-only", action="store_true", help="only the TQ3 kernel build variants")
-    ap.add_argument("--lean", action="store_true", help="decode shapes only, without sweeps, variants and per-part timings")
+    ap.add_argument("--lean", action="store_true", help="decode shapes and conversions, without sweeps, variants and per-part timings")
     ap.add_argument(
         "--config", action="append", default=[], metavar="GEOM:BATCH:CTX", help="only these decode shapes (repeatable)"
     )
@@ -474,7 +476,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 
-    if not (args.skip_conversion or args.variants_only or args.lean):
+    if not (args.skip_conversion or args.variants_only):
         result["conversion"] = conversion_throughput(dev)
         save()
     if not (args.config or args.lean):
@@ -517,12 +519,17 @@ def print_variants(result: dict) -> None:
         )
 
 
+def previous_ms(row: dict) -> float:
+    """The mixed decode as the library ran it before the fused decode (the two-launch path "auto" took)."""
+    return row.get(f"minima_{row.get('fp8_kernel_previous_auto')}_fp8_ms", float("nan"))
+
+
 def print_table(result: dict) -> None:
     print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  roofline {result['roofline_tbps']} TB/s")
     print(
         f"{'geom':12} {'B':>3} {'ctx':>6} {'stale':>5} | {'FI bf16 ms':>10} {'FI fp8 ms':>9} {'minima ms':>9} {'x fp8':>6} | "
         f"{'fp8 TB/s':>8} {'min TB/s':>8} {'tq3 TB/s':>8} {'tq3 %roof':>9} {'splits':>6} {'FI fp8 after':>12} {'serial ms':>9} | "
-        f"{'fused ms':>8} {'x fp8':>6}"
+        f"{'prev ms':>8} {'x fp8':>6}"
     )
     for r in result["decode"]:
         if "skipped" in r:
@@ -533,7 +540,7 @@ def print_table(result: dict) -> None:
             f"{r['flashinfer_fp8_ms']:>9.3f} {r['minima_ms']:>9.3f} {r['speedup_vs_fp8']:>6.2f} | {r['flashinfer_fp8_tbps']:>8.2f} "
             f"{r['minima_tbps']:>8.2f} {r.get('tq3_kernel_tbps', float('nan')):>8.2f} {100 * r.get('tq3_roofline_frac', float('nan')):>8.1f}% "
             f"{r['num_splits']:>6} {r.get('flashinfer_fp8_after_ms', float('nan')):>12.3f} {r.get('minima_serial_ms', float('nan')):>9.3f} | "
-            f"{r.get('minima_fused_ms', float('nan')):>8.3f} {r['flashinfer_fp8_ms'] / r.get('minima_fused_ms', float('nan')):>6.2f}"
+            f"{previous_ms(r):>8.3f} {r['flashinfer_fp8_ms'] / previous_ms(r):>6.2f}"
         )
     for r in result.get("conversion", []):
         print(

@@ -12,11 +12,13 @@ Four launches: q' = R q (``rotate_queries_kernel``), the TQ3 split decode, the F
 stream (concurrent with the two before), and one epilogue that combines the splits, un-rotates and
 merges the two states. The FP8 part is FlashInfer's decode (``fp8_kernel="flashinfer"``, merged state)
 or ``fp8_decode_kernel`` (``"tilelang"``: split partials that the epilogue combines with the TQ3 ones);
-``"auto"`` takes the TileLang kernel for batches with few FP8 tokens, where FlashInfer's fixed cost per
-call (its plan's split kernel and merge launch) dominates, and FlashInfer's otherwise (H200 figures in
-docs/results/kernels.md). ``"fused"``: three launches, the FP8 pages as a second role of the TQ3 split
-decode's grid (``mixed_decode_kernel``): both formats' CTAs in one wave, on one register and
-shared-memory budget.
+``"fused"``: three launches, the FP8 pages as a second role of the TQ3 split decode's grid
+(``mixed_decode_kernel``): both formats' CTAs in one wave, on one register and shared-memory budget,
+one combine of both formats' splits. ``"auto"`` (the default) takes "fused" where it applies (FP8
+pages of the TQ3 page size): on the H200 it was the fastest at 70 of the 81 mixed shapes timed
+(docs/results/kernels.md); with other FP8 pages, the TileLang FP8 kernel for batches with few FP8
+tokens, where FlashInfer's fixed cost per call (its plan's split kernel and merge launch) dominates,
+and FlashInfer's otherwise.
 """
 
 from dataclasses import dataclass
@@ -31,7 +33,6 @@ from sglang_minima.codec.rotation import is_power_of_two
 from .fp8_decode import HEADS_PER_TILE as FP8_HEADS_PER_TILE
 from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel, fp8_tile_config
 from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
-from .rotation_merge import THREADS as EPILOGUE_THREADS
 from .tq3_decode import FP8_STEP_CHUNKS, TQ3_BUILD_OPTIONS, mixed_decode_kernel, tile_config, tq3_decode_kernel
 
 NUM_SMS_H200 = 132
@@ -92,14 +93,20 @@ def choose_mixed_splits(
     num_sms: int = NUM_SMS_H200,
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``: together the CTAs
-    of one wave of the build's resident slots (at least one split of each format), shared in
-    proportion to each format's work (an FP8 chunk weighs ``fp8_weight`` TQ3 chunks), each split with
-    at least MIN_CHUNKS_PER_WARP chunks per warp."""
-    slots = max(2, build["min_blocks"] * num_sms // (batch * num_kv_heads))
+    of one wave of the build's resident slots, shared in proportion to each format's work (an FP8
+    chunk weighs ``fp8_weight`` TQ3 chunks). Where the (request, kv head) pairs leave fewer than two
+    slots each, the grid takes several waves anyway: then splits of about equal work (one FP8 split,
+    the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each split has at
+    least MIN_CHUNKS_PER_WARP chunks per warp."""
+    slots = build["min_blocks"] * num_sms // (batch * num_kv_heads)
     tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
-    tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
+    if slots >= 2:
+        tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
+        fp8 = slots - tq3
+    else:
+        tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
     min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
-    return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(slots - tq3, max_fp8_pages // min_pages))
+    return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(fp8, max_fp8_pages // min_pages))
 
 
 def fused_build_of(tq3_build: dict[str, int], page_size: int) -> dict[str, int]:
@@ -164,15 +171,14 @@ class MinimaDecodeWrapper:
     head dim is a power of two, so the codec's rotation is the Hadamard one).
 
     ``fp8_kernel``: the FP8 part's kernel when the batch also has TQ3 pages (a batch without TQ3 pages
-    is FlashInfer's decode alone): "flashinfer", "tilelang" or "auto" (by the batch's FP8 page slots, at
-    ``plan``; FlashInfer where the TileLang kernel does not apply: GQA groups over 16 query heads, FP8
-    pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
+    is FlashInfer's decode alone): "fused", "flashinfer", "tilelang" or "auto" ("fused" for FP8 pages of
+    the TQ3 page size, else by the batch's FP8 page slots, at ``plan``; FlashInfer where the TileLang
+    kernel does not apply: GQA groups over 16 query heads, FP8 pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
     Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
     ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s for the batch (e.g. warps,
     min_blocks; also the fused kernel's); ``fp8_config``: of the TileLang FP8 decode over
     ``fp8_tile_config``'s (e.g. pages_per_step). ``fp8_kernel="fused"`` runs the FP8 pages in the TQ3
     decode's grid (``mixed_decode_kernel``; FP8 pages of the TQ3 page size, scales as Python floats).
-    ``epilogue_threads``: per CTA of the epilogue (its threads / head_dim groups share the splits).
     """
 
     def __init__(
@@ -190,7 +196,6 @@ class MinimaDecodeWrapper:
         fp8_kernel: str = "auto",
         tq3_config: dict[str, int] | None = None,
         fp8_config: dict[str, int] | None = None,
-        epilogue_threads: int = EPILOGUE_THREADS,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -217,8 +222,7 @@ class MinimaDecodeWrapper:
             raise ValueError(f"q_dtype must be torch.bfloat16 or torch.float16, got {q_dtype}")
         self._rotate_kernel = rotate_queries_kernel(num_qo_heads, self.group_size, head_dim, dtype)
         self._epilogue = {
-            state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype, epilogue_threads)
-            for state in FP8_STATES
+            state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype) for state in FP8_STATES
         }
         self._dtype_name = dtype
         self._tilelang_fp8_ok = self.group_size <= FP8_HEADS_PER_TILE and self.fp8_page_size in TILELANG_FP8_PAGE_SIZES
@@ -271,7 +275,11 @@ class MinimaDecodeWrapper:
             )
         has_fp8, has_tq3 = int(fp8_indptr[-1]) > 0, int(tq3_indptr[-1]) > 0
         fp8_slots = int(fp8_indptr[-1]) * self.fp8_page_size
-        use_fused = has_fp8 and has_tq3 and self.fp8_kernel == "fused"
+        # "auto": the fused decode where it applies (FP8 pages of the TQ3 page size), else the
+        # TileLang FP8 decode or FlashInfer by the batch's FP8 slots
+        use_fused = has_fp8 and has_tq3 and (
+            self.fp8_kernel == "fused" or (self.fp8_kernel == "auto" and self.fp8_page_size == self.page_size)
+        )
         use_tilelang = (
             has_fp8
             and has_tq3

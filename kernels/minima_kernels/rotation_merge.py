@@ -72,58 +72,88 @@ def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dty
 
 
 @T.macro
-def _combine_splits(out_partial, lse_partial, b, h, tid, head_dim: int, x, lse_t, w_s, red_s, part_s, threads: int = THREADS):
+def _combine_splits(out_partial, lse_partial, b, h, tid, head_dim: int, x, lse_t, w_s, red_s, part_s, second=None):
     """x[0] <- dim tid % D of head h's output combined over its splits (rotated space), lse_t[0] <- its
     LSE (base 2); every thread of the CTA gets its dim's value. All splits -inf -> x 0, lse -inf.
-    w_s: shared [MAX_SPLITS] (the splits' weights), red_s: shared [2, threads / 32] (the warps' max and
-    sum), part_s: shared [threads / D, D] (the groups' partial sums), for a CTA of ``threads``. The split count is read from
+    w_s: shared [MAX_SPLITS] (the splits' weights), red_s: shared [2, THREADS / 32] (the warps' max and
+    sum), part_s: shared [THREADS / D, D] (the groups' partial sums). The split count is read from
     lse_partial's shape: a dynamic size passed as a macro argument would be renamed after the macro's
     parameter (TileLang 0.1.12 names bound arguments in place), and the epilogue's two counts would
-    then share one name, which TileLang's cython launcher resolves by name."""
-    groups = threads // head_dim
+    then share one name, which TileLang's cython launcher resolves by name.
+
+    ``second`` = (out_partial, lse_partial, x, w_s, part_s) of a second set of splits (the FP8 pages'):
+    one pass over both, with one max and one sum of weights, so x and the second x are both divided by
+    the joint sum (their sum is the combined output; the rotation is linear, so x may be un-rotated
+    first) and lse_t is the joint LSE. The loads of both sets' LSEs and partials are issued together:
+    at batch 1 (tens of splits per head) the epilogue is a chain of dependent loads and barriers."""
+    groups = THREADS // head_dim
     m = T.alloc_local([1], T.float32)
     den = T.alloc_local([1], T.float32)
     num = T.alloc_local([1], T.float32)
+    num_b = T.alloc_local([1], T.float32)
+    two = second is not None
+    out_b, lse_b, x_b, w_b, part_b = second if two else (None,) * 5
     m[0] = -T.infinity(T.float32)
-    for i in T.unroll(MAX_SPLITS // threads):
-        if i * threads + tid < lse_partial.shape[2]:
-            w_s[i * threads + tid] = lse_partial[b, h, i * threads + tid]
-            m[0] = T.max(m[0], w_s[i * threads + tid])
+    for i in T.unroll(MAX_SPLITS // THREADS):
+        if i * THREADS + tid < lse_partial.shape[2]:
+            w_s[i * THREADS + tid] = lse_partial[b, h, i * THREADS + tid]
+            m[0] = T.max(m[0], w_s[i * THREADS + tid])
+        if two and i * THREADS + tid < lse_b.shape[2]:
+            w_b[i * THREADS + tid] = lse_b[b, h, i * THREADS + tid]
+            m[0] = T.max(m[0], w_b[i * THREADS + tid])
     for off in T.unroll(WARP_BUTTERFLIES):
         m[0] = T.max(m[0], T.shfl_xor(m[0], T.shift_left(1, off)))
     red_s[0, tid // 32] = m[0]
     T.sync_threads()
-    for w in T.unroll(threads // 32):
+    for w in T.unroll(THREADS // 32):
         m[0] = T.max(m[0], red_s[0, w])
     den[0] = 0
-    for i in T.unroll(MAX_SPLITS // threads):
-        if i * threads + tid < lse_partial.shape[2]:  # m = -inf: every split is empty, weight 0
-            w_s[i * threads + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_s[i * threads + tid] - m[0]), 0)
-            den[0] += w_s[i * threads + tid]
+    for i in T.unroll(MAX_SPLITS // THREADS):
+        if i * THREADS + tid < lse_partial.shape[2]:  # m = -inf: every split is empty, weight 0
+            w_s[i * THREADS + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_s[i * THREADS + tid] - m[0]), 0)
+            den[0] += w_s[i * THREADS + tid]
+        if two and i * THREADS + tid < lse_b.shape[2]:
+            w_b[i * THREADS + tid] = T.if_then_else(m[0] > -T.infinity(T.float32), T.exp2(w_b[i * THREADS + tid] - m[0]), 0)
+            den[0] += w_b[i * THREADS + tid]
     for off in T.unroll(WARP_BUTTERFLIES):
         den[0] += T.shfl_xor(den[0], T.shift_left(1, off))
     red_s[1, tid // 32] = den[0]
     T.sync_threads()
     den[0] = 0
-    for w in T.unroll(threads // 32):
+    for w in T.unroll(THREADS // 32):
         den[0] += red_s[1, w]
     num[0] = 0
-    for i in T.unroll(T.ceildiv(lse_partial.shape[2], groups), unroll_factor=8):
-        s = i * groups + tid // head_dim
-        if s < lse_partial.shape[2]:
-            num[0] += w_s[s] * out_partial[b, h, s, tid % head_dim]
+    if two:  # one loop over both sets: each iteration's loads of both in flight together
+        num_b[0] = 0
+        for i in T.unroll(T.ceildiv(T.max(lse_partial.shape[2], lse_b.shape[2]), groups), unroll_factor=8):
+            s = i * groups + tid // head_dim
+            if s < lse_partial.shape[2]:
+                num[0] += w_s[s] * out_partial[b, h, s, tid % head_dim]
+            if s < lse_b.shape[2]:
+                num_b[0] += w_b[s] * out_b[b, h, s, tid % head_dim]
+        part_b[tid // head_dim, tid % head_dim] = num_b[0]
+    else:
+        for i in T.unroll(T.ceildiv(lse_partial.shape[2], groups), unroll_factor=8):
+            s = i * groups + tid // head_dim
+            if s < lse_partial.shape[2]:
+                num[0] += w_s[s] * out_partial[b, h, s, tid % head_dim]
     part_s[tid // head_dim, tid % head_dim] = num[0]
     T.sync_threads()
     x[0] = 0
     for g in T.unroll(groups):
         x[0] += part_s[g, tid % head_dim]
     x[0] = T.if_then_else(den[0] > 0, x[0] / den[0], T.float32(0))
+    if two:
+        x_b[0] = 0
+        for g in T.unroll(groups):
+            x_b[0] += part_b[g, tid % head_dim]
+        x_b[0] = T.if_then_else(den[0] > 0, x_b[0] / den[0], T.float32(0))
     lse_t[0] = T.if_then_else(den[0] > 0, T.log2(den[0]) + m[0], -T.infinity(T.float32))
 
 
-def _check_combine_dims(head_dim: int, threads: int = THREADS) -> None:
-    if threads % head_dim or head_dim < 32 or MAX_SPLITS % threads:
-        raise ValueError(f"head_dim={head_dim}, threads={threads}: the glue kernels take a power of two from 32 to the threads")
+def _check_combine_dims(head_dim: int) -> None:
+    if THREADS % head_dim or head_dim < 32:
+        raise ValueError(f"head_dim={head_dim}: the glue kernels take a power of two from 32 to {THREADS}")
 
 
 @tilelang.jit(pass_configs=EXACT_FP32)
@@ -162,7 +192,7 @@ FP8_STATES = ("none", "merged", "splits")
 
 
 @tilelang.jit(pass_configs=EXACT_FP32)
-def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8_state: str, dtype: str = "bfloat16", threads: int = THREADS):
+def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8_state: str, dtype: str = "bfloat16"):
     """Split partials of the TQ3 pages (rotated space) -> final output, merged with the FP8 pages' state.
 
     out_partial [batch, Hq, S, D] fp32 (S <= MAX_SPLITS), lse_partial [batch, Hq, S] (base 2), signs
@@ -175,12 +205,11 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
 
     One CTA per (query head, request): the split combine(s), then the un-rotation of the TQ3 state
     (codec ``unrotate``: FWHT, 1/sqrt(d), signs; every group of D threads transforms its own copy, so
-    all threads reach the barriers) and the merge, written by the first group. ``threads``: per CTA
-    (threads / D groups share the splits: more load fewer splits each)."""
+    all threads reach the barriers) and the merge, written by the first group."""
     if fp8_state not in FP8_STATES:
         raise ValueError(f"fp8_state={fp8_state!r}: one of {FP8_STATES}")
     D, G = head_dim, group_size
-    _check_combine_dims(D, threads)
+    _check_combine_dims(D)
     log_d = _log2(D)
     inv_sqrt_d = fp32_inv_sqrt(D)
     batch, num_splits, num_fp8_splits = T.dynamic("batch, num_splits, num_fp8_splits")
@@ -200,20 +229,23 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
         out: T.Tensor([batch, num_qo_heads, D], dtype),
         lse: T.Tensor([batch, num_qo_heads], T.float32),
     ):
-        with T.Kernel(num_qo_heads, batch, threads=threads) as (h, b):
+        with T.Kernel(num_qo_heads, batch, threads=THREADS) as (h, b):
             tid = T.get_thread_binding()
             d = tid % D
             w_s = T.alloc_shared([MAX_SPLITS], T.float32)
-            red_s = T.alloc_shared([2, threads // 32], T.float32)
-            part_s = T.alloc_shared([threads // D, D], T.float32)
-            buf = T.alloc_shared([2, threads], T.float32)
+            red_s = T.alloc_shared([2, THREADS // 32], T.float32)
+            part_s = T.alloc_shared([THREADS // D, D], T.float32)
+            buf = T.alloc_shared([2, THREADS], T.float32)
+            w8_s = T.alloc_shared([MAX_SPLITS if fp8_splits else 1], T.float32)
+            part8_s = T.alloc_shared([THREADS // D if fp8_splits else 1, D], T.float32)
             x = T.alloc_local([1], T.float32)
             lse_t = T.alloc_local([1], T.float32)
             x_f = T.alloc_local([1], T.float32)
             lse_f = T.alloc_local([1], T.float32)
-            _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s, threads)
-            if fp8_splits:
-                _combine_splits(fp8_out, fp8_lse, b, h, tid, D, x_f, lse_f, w_s, red_s, part_s, threads)
+            if fp8_splits:  # both formats' splits in one pass: x, x_f are their shares of the output
+                _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s, (fp8_out, fp8_lse, x_f, w8_s, part8_s))
+            else:
+                _combine_splits(out_partial, lse_partial, b, h, tid, D, x, lse_t, w_s, red_s, part_s)
             _fwht_threads(x, buf, tid, log_d)  # butterflies of distance < D stay in the group of tid
             x[0] = x[0] * T.float32(inv_sqrt_d) * signs[h // G, d]
             if tid < D:
@@ -221,10 +253,13 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
                     out[b, h, d] = T.Cast(dtype, x[0])
                     if d == 0:
                         lse[b, h] = lse_t[0]
+                elif fp8_splits:  # x and x_f are shares of one combine: their sum is the output
+                    out[b, h, d] = T.Cast(dtype, x[0] + x_f[0])
+                    if d == 0:
+                        lse[b, h] = lse_t[0]
                 else:
-                    if not fp8_splits:
-                        x_f[0] = T.Cast(T.float32, fp8_out[b, h, d])
-                        lse_f[0] = fp8_lse[b, h]
+                    x_f[0] = T.Cast(T.float32, fp8_out[b, h, d])
+                    lse_f[0] = fp8_lse[b, h]
                     top = T.max(lse_t[0], lse_f[0])
                     w_t = T.if_then_else(lse_t[0] > neg_inf, T.exp2(lse_t[0] - top), T.float32(0))
                     w_f = T.if_then_else(lse_f[0] > neg_inf, T.exp2(lse_f[0] - top), T.float32(0))

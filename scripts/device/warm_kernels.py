@@ -66,11 +66,6 @@ def tilelang_jobs(decode_only: bool):
                 f"epilogue {hq}/{h}/{d} fp8={state}",
                 lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "bfloat16"),
             )
-            if (hq, h, d, p) in BENCH_GEOMETRIES:  # the benchmark's wide-epilogue fused decode (all states: its wrapper builds them)
-                yield (
-                    f"epilogue {hq}/{h}/{d} fp8={state} threads=1024",
-                    lambda hq=hq, g=g, d=d, s=state: mixed_epilogue_kernel(hq, g, d, s, "bfloat16", 1024),
-                )
         if (hq, h, d, p) in TEST_GEOMETRIES:  # the fp16-query fused test's wrapper builds its glue for fp16
             yield f"rotate q {hq}/{h}/{d} fp16", lambda hq=hq, g=g, d=d: rotate_queries_kernel(hq, g, d, "float16")
             for state in FP8_STATES:

@@ -175,15 +175,16 @@ def test_fused_decode_nan_slots_ragged_splits(hq: int, h: int, d: int, p: int, q
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_fused_decode_with_a_wide_epilogue(hq: int, h: int, d: int, p: int) -> None:
-    # epilogue_threads=1024: 1024 / D groups of threads share each head's splits (40 TQ3 + 24 FP8 here)
+def test_fused_decode_many_splits_is_the_default(hq: int, h: int, d: int, p: int) -> None:
+    # fp8_kernel="auto" takes the fused decode; its epilogue combines 40 TQ3 and 24 FP8 splits per head
+    # (9 of them empty) in one pass
     from kv_fixtures import make_batch
 
     batch = make_batch(hq, h, d, p, [30, 2], [200, 7], [p - 1, 4], seed=hq + 41)
-    wrapper = _wrapper(hq, h, d, p, "fused", epilogue_threads=1024)
+    wrapper = _wrapper(hq, h, d, p, "auto")
     out, lse = _run_poisoned(wrapper, batch, num_splits=40, num_fp8_splits=24)
+    assert wrapper._mixed_kernel is not None
     _check(batch, out, lse, hq, d)
-    assert "__launch_bounds__(1024" in wrapper._epilogue["splits"].get_kernel_source()
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)

@@ -48,7 +48,7 @@ def test_two_page_steps_past_the_tested_head_dims_are_refused() -> None:
         (1, 4, 384, 128, 256, (25, 8)),  # one wave of 132 slots / 4 heads = 33, shared 3:1 as the pages
         (1, 3, 1536, 512, 64, (33, 11)),  # 8 warps x 1 CTA at batch 1: 44 slots per kv head
         (8, 3, 384, 128, 64, (16, 6)),  # 4 CTAs x 4 warps: 22 slots per (request, kv head)
-        (32, 8, 1536, 512, 128, (1, 1)),  # fewer slots than pairs: one split of each, two waves
+        (32, 8, 1536, 512, 128, (3, 1)),  # fewer than 2 slots per pair: several waves of equal-work splits
         (1, 4, 2, 2, 256, (1, 1)),  # at least 2 chunks per warp
     ],
 )
