@@ -15,10 +15,11 @@ or ``fp8_decode_kernel`` (``"tilelang"``: split partials that the epilogue combi
 ``"fused"``: three launches, the FP8 pages as a second role of the TQ3 split decode's grid
 (``mixed_decode_kernel``): both formats' CTAs in one wave, on one register and shared-memory budget,
 one combine of both formats' splits. ``"auto"`` (the default) takes "fused" where it applies (FP8
-pages of the TQ3 page size): on the H200 it was the fastest at 70 of the 81 mixed shapes timed
-(docs/results/kernels.md); with other FP8 pages, the TileLang FP8 kernel for batches with few FP8
-tokens, where FlashInfer's fixed cost per call (its plan's split kernel and merge launch) dominates,
-and FlashInfer's otherwise.
+pages of the TQ3 page size) unless its grid would take several waves of short TQ3 splits
+(``fused_fits``); otherwise, the TileLang FP8 kernel for batches with few FP8 tokens, where
+FlashInfer's fixed cost per call (its plan's split kernel and merge launch) dominates, and
+FlashInfer's above. On the H200 this choice was within 2% of the fastest path timed at 78 of 81
+mixed shapes (docs/results/kernels.md).
 """
 
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ FP8_MIN_PAGES_PER_SPLIT = 2
 # "fused": the time of one FP8 chunk (16 tokens of one kv head) over a TQ3 chunk's in the one grid,
 # which shares the splits between the formats
 FUSED_FP8_CHUNK_WEIGHT = 1.0
+# "auto": where the fused grid takes several waves (batch 32 on the H200), its equal-work TQ3 splits
+# must hold at least this many pages; shorter ones lost to the two-launch path (batch 32 x 4K at 90%
+# Stale: 119.1 / 94.8 us against 67.4 / 73.9 us for head dims 256 / 128, docs/results/kernels.md)
+FUSED_MULTI_WAVE_MIN_PAGES = 16
 
 
 def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
@@ -107,6 +112,24 @@ def choose_mixed_splits(
         tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
     min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
     return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(fp8, max_fp8_pages // min_pages))
+
+
+def fused_fits(
+    batch: int,
+    num_kv_heads: int,
+    max_tq3_pages: int,
+    max_fp8_pages: int,
+    page_size: int,
+    head_dim: int,
+    build: dict[str, int],
+    num_sms: int = NUM_SMS_H200,
+) -> bool:
+    """Whether "auto" takes the fused decode for this batch: unless its grid takes several waves
+    (fewer than 2 resident slots per (request, kv head)) of TQ3 splits under FUSED_MULTI_WAVE_MIN_PAGES."""
+    if build["min_blocks"] * num_sms // (batch * num_kv_heads) >= 2:
+        return True
+    tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, head_dim, build, num_sms=num_sms)
+    return max_tq3_pages >= FUSED_MULTI_WAVE_MIN_PAGES * tq3_splits
 
 
 def fused_build_of(tq3_build: dict[str, int], page_size: int) -> dict[str, int]:
@@ -275,10 +298,19 @@ class MinimaDecodeWrapper:
             )
         has_fp8, has_tq3 = int(fp8_indptr[-1]) > 0, int(tq3_indptr[-1]) > 0
         fp8_slots = int(fp8_indptr[-1]) * self.fp8_page_size
-        # "auto": the fused decode where it applies (FP8 pages of the TQ3 page size), else the
-        # TileLang FP8 decode or FlashInfer by the batch's FP8 slots
+        max_fp8_pages = max(fp8_counts.tolist(), default=0)
+        max_tq3_pages = max(tq3_counts.tolist(), default=0)
+        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config} if has_tq3 else None
+        # "auto": the fused decode where it applies (FP8 pages of the TQ3 page size) unless its grid
+        # would take several waves of short TQ3 splits; else the TileLang FP8 decode or FlashInfer by
+        # the batch's FP8 slots
         use_fused = has_fp8 and has_tq3 and (
-            self.fp8_kernel == "fused" or (self.fp8_kernel == "auto" and self.fp8_page_size == self.page_size)
+            self.fp8_kernel == "fused"
+            or (
+                self.fp8_kernel == "auto"
+                and self.fp8_page_size == self.page_size
+                and fused_fits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, self.head_dim, tq3_build)
+            )
         )
         use_tilelang = (
             has_fp8
@@ -293,18 +325,16 @@ class MinimaDecodeWrapper:
                 )
             )
         )
-        max_fp8_pages = max(fp8_counts.tolist(), default=0)
         fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
-        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config} if has_tq3 else None
         tq3_splits = (
             num_splits
-            or choose_num_splits(batch, self.num_kv_heads, int(tq3_counts.max()), self.page_size, self.head_dim, build=tq3_build)
+            or choose_num_splits(batch, self.num_kv_heads, max_tq3_pages, self.page_size, self.head_dim, build=tq3_build)
             if has_tq3
             else 0
         )
         if use_fused:
             tq3_splits, fp8_splits = choose_mixed_splits(
-                batch, self.num_kv_heads, int(tq3_counts.max()), max_fp8_pages, self.page_size, self.head_dim, tq3_build
+                batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, self.head_dim, tq3_build
             )
             tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
         fp8_parts = use_tilelang or use_fused  # the FP8 part as split partials

@@ -58,3 +58,22 @@ def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int,
 
     build = tile_config(0, 64, head_dim, batch)
     assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, head_dim, build) == splits
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,tq3_pages,fp8_pages,head_dim,fits",
+    [
+        (1, 4, 384, 128, 256, True),  # one wave: always fused
+        (8, 8, 1536, 512, 128, True),
+        (32, 4, 58, 6, 256, False),  # batch 32 x 4K, 90% Stale: 9 TQ3 splits of 6-7 pages over several waves
+        (32, 8, 58, 6, 128, False),
+        (32, 4, 48, 16, 256, True),  # x 4K, 75%: 3 splits of 16 pages
+        (32, 4, 461, 51, 256, True),  # x 32K, 90%: 9 splits of 51 pages
+    ],
+)
+def test_auto_takes_the_fused_decode(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int, head_dim: int, fits: bool) -> None:
+    from minima_kernels import tile_config
+    from minima_kernels.decode import fused_fits
+
+    build = tile_config(0, 64, head_dim, batch)
+    assert fused_fits(batch, kv_heads, tq3_pages, fp8_pages, 64, head_dim, build) == fits
