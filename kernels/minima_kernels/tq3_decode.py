@@ -31,6 +31,10 @@ operand of the value GEMM with ``movmatrix``. Softmax is base 2 (``ex2.approx.ft
 writes its partial output (rotated space, fp32) and LSE (base 2); a split with no page writes out =
 0, lse = -inf. The warps' output rows meet in their own parts of the ring (free after the loop), and
 ``rotation_merge.tq3_merge_splits`` (or the mixed decode's epilogue) combines the splits.
+
+``mixed_decode_kernel`` is the same split body with a second role: CTAs past the TQ3 splits decode
+FP8 pages (SGLang's e4m3 pool) with the same ring, softmax and combine, their chunks converted from
+e4m3 into the MMA operands in registers (``_fp8_device_source``), so one grid covers both formats.
 """
 
 from types import SimpleNamespace
