@@ -29,7 +29,7 @@ from minima_kernels import (
     tq3_decode_kernel,
     tq3_to_fp8,
 )
-from minima_kernels.decode import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, key_centroids_fp16
+from minima_kernels.decode import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, key_centroids_fp16, slots_per_pair
 from minima_kernels.rotation_merge import MAX_SPLITS
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
@@ -195,13 +195,13 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # waves, one split of each format (the rule's equal-work splits against the one-wave share)
             row["fused_splits"] = [wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits]
             build = wrapper._tq3_build
-            if build["min_blocks"] * 132 // (batch * h) < 2:
+            if slots_per_pair(batch, h, build) < 2:
                 wrapper.plan(*plan_args, num_splits=1, num_fp8_splits=1)
                 row["minima_fused_one_split_each_ms"], _ = bench_ms(mixed)
             if frac == STALE[0]:
                 sweep = {}
                 for weight in FUSED_WEIGHTS:
-                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, d, build, fp8_weight=weight)
+                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, build, fp8_weight=weight)
                     if splits not in sweep.values():
                         wrapper.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
                         row[f"minima_fused_w{weight}_ms"], _ = bench_ms(mixed)

@@ -60,6 +60,11 @@ def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
     return tuple(float(c) for c in tq3_codebook(head_dim).centroids.to(torch.float16).float())
 
 
+def slots_per_pair(batch: int, num_kv_heads: int, build: dict[str, int], num_sms: int = NUM_SMS_H200) -> int:
+    """Resident CTA slots of the build in one wave of the GPU, per (request, kv head) pair."""
+    return build["min_blocks"] * num_sms // (batch * num_kv_heads)
+
+
 def choose_num_splits(
     batch: int,
     num_kv_heads: int,
@@ -74,7 +79,7 @@ def choose_num_splits(
     MIN_CHUNKS_PER_WARP chunks per warp in each split. ``build``: the kernel's warps and resident CTAs
     per SM (default: tile_config's for this batch size)."""
     build = build or tile_config(0, page_size, head_dim, batch)
-    want = build["min_blocks"] * num_sms // (batch * num_kv_heads)
+    want = slots_per_pair(batch, num_kv_heads, build, num_sms)
     min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
     return max(1, min(want, max_pages // min_pages))
 
@@ -92,7 +97,6 @@ def choose_mixed_splits(
     max_tq3_pages: int,
     max_fp8_pages: int,
     page_size: int,
-    head_dim: int,
     build: dict[str, int],
     fp8_weight: float = FUSED_FP8_CHUNK_WEIGHT,
     num_sms: int = NUM_SMS_H200,
@@ -103,7 +107,7 @@ def choose_mixed_splits(
     slots each, the grid takes several waves anyway: then splits of about equal work (one FP8 split,
     the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each split has at
     least MIN_CHUNKS_PER_WARP chunks per warp."""
-    slots = build["min_blocks"] * num_sms // (batch * num_kv_heads)
+    slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
     tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
     if slots >= 2:
         tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
@@ -120,15 +124,14 @@ def fused_fits(
     max_tq3_pages: int,
     max_fp8_pages: int,
     page_size: int,
-    head_dim: int,
     build: dict[str, int],
     num_sms: int = NUM_SMS_H200,
 ) -> bool:
     """Whether "auto" takes the fused decode for this batch: unless its grid takes several waves
     (fewer than 2 resident slots per (request, kv head)) of TQ3 splits under FUSED_MULTI_WAVE_MIN_PAGES."""
-    if build["min_blocks"] * num_sms // (batch * num_kv_heads) >= 2:
+    if slots_per_pair(batch, num_kv_heads, build, num_sms) >= 2:
         return True
-    tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, head_dim, build, num_sms=num_sms)
+    tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, build, num_sms=num_sms)
     return max_tq3_pages >= FUSED_MULTI_WAVE_MIN_PAGES * tq3_splits
 
 
@@ -309,7 +312,7 @@ class MinimaDecodeWrapper:
             or (
                 self.fp8_kernel == "auto"
                 and self.fp8_page_size == self.page_size
-                and fused_fits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, self.head_dim, tq3_build)
+                and fused_fits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, tq3_build)
             )
         )
         use_tilelang = (
@@ -333,9 +336,7 @@ class MinimaDecodeWrapper:
             else 0
         )
         if use_fused:
-            tq3_splits, fp8_splits = choose_mixed_splits(
-                batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, self.head_dim, tq3_build
-            )
+            tq3_splits, fp8_splits = choose_mixed_splits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, tq3_build)
             tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
         fp8_parts = use_tilelang or use_fused  # the FP8 part as split partials
         for name, splits, used in (("num_fp8_splits", fp8_splits, fp8_parts), ("num_splits", tq3_splits, has_tq3)):

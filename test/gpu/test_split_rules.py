@@ -57,7 +57,7 @@ def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int,
     from minima_kernels.decode import choose_mixed_splits
 
     build = tile_config(0, 64, head_dim, batch)
-    assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, head_dim, build) == splits
+    assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, build) == splits
 
 
 @pytest.mark.parametrize(
@@ -76,4 +76,4 @@ def test_auto_takes_the_fused_decode(batch: int, kv_heads: int, tq3_pages: int, 
     from minima_kernels.decode import fused_fits
 
     build = tile_config(0, 64, head_dim, batch)
-    assert fused_fits(batch, kv_heads, tq3_pages, fp8_pages, 64, head_dim, build) == fits
+    assert fused_fits(batch, kv_heads, tq3_pages, fp8_pages, 64, build) == fits
