@@ -198,9 +198,10 @@ class MinimaDecodeWrapper:
 
     ``fp8_kernel``: the FP8 part's kernel when the batch also has TQ3 pages (a batch without TQ3 pages
     is FlashInfer's decode alone): "fused", "flashinfer", "tilelang" or "auto" ("fused" for FP8 pages of
-    the TQ3 page size, else by the batch's FP8 page slots, at ``plan``; FlashInfer where the TileLang
-    kernel does not apply: GQA groups over 16 query heads, FP8 pages other than 16 / 32 / 64 tokens). With the TileLang kernel, ``run``'s k_scale / v_scale are
-    Python floats, fixed in a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
+    the TQ3 page size where ``fused_fits``, else by the batch's FP8 page slots, at ``plan``; FlashInfer
+    where the TileLang kernel does not apply: GQA groups over 16 query heads, FP8 pages other than 16 /
+    32 / 64 tokens). With the TileLang kernels, ``run``'s k_scale / v_scale are Python floats, fixed in
+    a captured graph. ``overlap_fp8``: the FP8 part on a side stream.
     ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s for the batch (e.g. warps,
     min_blocks; also the fused kernel's); ``fp8_config``: of the TileLang FP8 decode over
     ``fp8_tile_config``'s (e.g. pages_per_step). ``fp8_kernel="fused"`` runs the FP8 pages in the TQ3
@@ -328,16 +329,17 @@ class MinimaDecodeWrapper:
                 )
             )
         )
-        fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
-        tq3_splits = (
-            num_splits
-            or choose_num_splits(batch, self.num_kv_heads, max_tq3_pages, self.page_size, self.head_dim, build=tq3_build)
-            if has_tq3
-            else 0
-        )
         if use_fused:
             tq3_splits, fp8_splits = choose_mixed_splits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, tq3_build)
             tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
+        else:
+            fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
+            tq3_splits = (
+                num_splits
+                or choose_num_splits(batch, self.num_kv_heads, max_tq3_pages, self.page_size, self.head_dim, build=tq3_build)
+                if has_tq3
+                else 0
+            )
         fp8_parts = use_tilelang or use_fused  # the FP8 part as split partials
         for name, splits, used in (("num_fp8_splits", fp8_splits, fp8_parts), ("num_splits", tq3_splits, has_tq3)):
             if used and not 1 <= splits <= MAX_SPLITS:
@@ -357,7 +359,7 @@ class MinimaDecodeWrapper:
         if use_tilelang:
             make = partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
             fp8_kernel = _built(self._fp8_kernels, fp8_build, make)
-        if has_tq3:
+        if has_tq3 and not use_fused:  # (a fused plan's TQ3 pages are its mixed kernel's)
             make = partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim))
             tq3_kernel = _built(self._tq3_kernels, tq3_build, make)
         # validated: from here on the wrapper's state changes
@@ -424,7 +426,10 @@ class MinimaDecodeWrapper:
         self._fp8_kernel_choice = choice
 
     def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq])."""
+        """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq]).
+        Two-launch plans only (a fused plan decodes both formats in one launch)."""
+        if self._mixed_kernel is not None:
+            raise ValueError("a fused plan (fp8_kernel='fused') decodes the TQ3 pages with the FP8 pages: run() only")
         p = self.tq3_plan
         self._split_decode(q_rot.contiguous(), tq3_pages)
         if p.num_splits == 1:
