@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT / "kernels"), str(ROOT / "python")]
 
 import tilelang
 from minima_kernels import tile_config, tq3_decode_kernel
-from minima_kernels.decode import key_centroids_fp16
-from minima_kernels.tq3_decode import FP8_STEP_CHUNKS, mixed_decode_kernel
+from minima_kernels.decode import fused_build_of, key_centroids_fp16
+from minima_kernels.tq3_decode import mixed_decode_kernel
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -57,14 +57,16 @@ def cuobjdump(cubin: Path, flag: str) -> str:
     return done.stdout
 
 
-def build_options(heads: str, page: int, options: dict) -> dict:
+def build_options(heads: str, page: int, options: dict, fused: bool = False) -> dict:
+    """tile_config's build (with the FP8 role's, ``fused``: the library's mixed_decode_kernel) under ``options``."""
     hq, h, d = (int(x) for x in heads.split("/"))
-    return {**tile_config(hq // h, page, d), **options}
+    build = tile_config(hq // h, page, d)
+    return {**(fused_build_of(build, page) if fused else build), **options}
 
 
 def build_cubin(heads: str, page: int, options: dict, workdir: Path, fused: bool = False) -> Path:
     hq, h, d = (int(x) for x in heads.split("/"))
-    build = build_options(heads, page, options)
+    build = build_options(heads, page, options, fused)
     jit = mixed_decode_kernel if fused else tq3_decode_kernel
     tir = jit.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), *(("bfloat16",) if fused else ()), **build)
     kernel = tilelang.compile(tir, target=SM90A, execution_backend="tvm_ffi", pass_configs=jit.pass_configs)
@@ -112,8 +114,6 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="mixed_decode_kernel (TQ3 and FP8 roles) instead of the TQ3 decode")
     args = ap.parse_args()
     options = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
-    if args.fused:
-        options.setdefault("fp8_step_chunks", min(FP8_STEP_CHUNKS, args.page // 16))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = build_cubin(args.heads, args.page, options, Path(tmp), args.fused)
         sass = cuobjdump(cubin, "-sass")
@@ -122,7 +122,7 @@ def main() -> None:
         Path(args.sass).write_text(sass)
     resources = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
     print(f"{args.heads} page {args.page} {options or ''}: {resources.group(0) if resources else usage.strip()}")
-    build = build_options(args.heads, args.page, options)
+    build = build_options(args.heads, args.page, options, args.fused)
     roles = [("TQ3", build["step_chunks"]), ("FP8", build.get("fp8_step_chunks", 0))][: 2 if args.fused else 1]
     for (role, chunks), loop in zip(roles, role_loops(sass, len(roles)), strict=True):
         counts = collections.Counter(opcode(t) for t in loop)

@@ -29,7 +29,14 @@ from minima_kernels import (
     tq3_decode_kernel,
     tq3_to_fp8,
 )
-from minima_kernels.decode import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, key_centroids_fp16, slots_per_pair
+from minima_kernels.decode import (
+    TILELANG_FP8_MAX_TOKENS,
+    choose_mixed_splits,
+    key_centroids_fp16,
+    slots_per_pair,
+    tilelang_fp8_preferred,
+)
+from render_decode import previous_ms
 from minima_kernels.rotation_merge import MAX_SPLITS
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
@@ -238,12 +245,11 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             row["minima_tilelang_fp8_1page_ms"], _ = bench_ms(partial(one_page.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
             row["fp8_part_tilelang_1page_ms"], _ = bench_ms(partial(one_page.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
         if n_tq3 and n_fp8:
-            # the FP8 part by each kernel ("auto" above picks one by the batch's FP8 tokens): FlashInfer's
-            # decode + merge, or the TileLang FP8 decode (split partials into the same epilogue)
-            # the two-launch paths (the library's before the fused decode; its "auto" took the TileLang
-            # FP8 decode up to TILELANG_FP8_MAX_TOKENS FP8 slots, FlashInfer above)
-            slots = n_fp8 * batch * PAGE
-            row["fp8_kernel_previous_auto"] = "tilelang" if slots <= TILELANG_FP8_MAX_TOKENS[d] else "flashinfer"
+            # the two-launch paths, the FP8 part by each kernel: FlashInfer's decode + merge, or the
+            # TileLang FP8 decode (split partials into the same epilogue); before the fused decode the
+            # library's "auto" took one of them by the batch's FP8 slots
+            previous = "tilelang" if tilelang_fp8_preferred(n_fp8 * batch * PAGE, d) else "flashinfer"
+            row["fp8_kernel_previous_auto"] = previous
             for kernel in ("tilelang", "flashinfer"):
                 wrapper.fp8_kernel = kernel
                 wrapper.plan(*plan_args)
@@ -519,11 +525,6 @@ def print_variants(result: dict) -> None:
         )
 
 
-def previous_ms(row: dict) -> float:
-    """The mixed decode as the library ran it before the fused decode (the two-launch path "auto" took)."""
-    return row.get(f"minima_{row.get('fp8_kernel_previous_auto')}_fp8_ms", float("nan"))
-
-
 def print_table(result: dict) -> None:
     print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  roofline {result['roofline_tbps']} TB/s")
     print(
@@ -540,7 +541,7 @@ def print_table(result: dict) -> None:
             f"{r['flashinfer_fp8_ms']:>9.3f} {r['minima_ms']:>9.3f} {r['speedup_vs_fp8']:>6.2f} | {r['flashinfer_fp8_tbps']:>8.2f} "
             f"{r['minima_tbps']:>8.2f} {r.get('tq3_kernel_tbps', float('nan')):>8.2f} {100 * r.get('tq3_roofline_frac', float('nan')):>8.1f}% "
             f"{r['num_splits']:>6} {r.get('flashinfer_fp8_after_ms', float('nan')):>12.3f} {r.get('minima_serial_ms', float('nan')):>9.3f} | "
-            f"{previous_ms(r):>8.3f} {r['flashinfer_fp8_ms'] / previous_ms(r):>6.2f}"
+            f"{previous_ms(r) or float('nan'):>8.3f} {r['flashinfer_fp8_ms'] / (previous_ms(r) or float('nan')):>6.2f}"
         )
     for r in result.get("conversion", []):
         print(

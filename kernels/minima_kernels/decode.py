@@ -60,6 +60,12 @@ def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
     return tuple(float(c) for c in tq3_codebook(head_dim).centroids.to(torch.float16).float())
 
 
+def tilelang_fp8_preferred(fp8_slots: int, head_dim: int) -> bool:
+    """The two-launch path's "auto": the TileLang FP8 decode (rather than FlashInfer) for a batch of
+    this many FP8 page slots (pages x page size, per kv head)."""
+    return fp8_slots <= TILELANG_FP8_MAX_TOKENS.get(head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
+
+
 def slots_per_pair(batch: int, num_kv_heads: int, build: dict[str, int], num_sms: int = NUM_SMS_H200) -> int:
     """Resident CTA slots of the build in one wave of the GPU, per (request, kv head) pair."""
     return build["min_blocks"] * num_sms // (batch * num_kv_heads)
@@ -164,7 +170,8 @@ def _check_float_scales(k_scale, v_scale) -> None:
 
 @dataclass
 class FP8SplitPlan:
-    """Device-side state of the TileLang FP8 part of one plan."""
+    """Device-side state of the FP8 part of one plan whose FP8 pages give split partials (the TileLang
+    FP8 decode's or the fused decode's)."""
 
     page_indptr: torch.Tensor
     page_ids: torch.Tensor
@@ -323,10 +330,7 @@ class MinimaDecodeWrapper:
             and self._tilelang_fp8_ok
             and (
                 self.fp8_kernel == "tilelang"
-                or (
-                    self.fp8_kernel == "auto"
-                    and fp8_slots <= TILELANG_FP8_MAX_TOKENS.get(self.head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
-                )
+                or (self.fp8_kernel == "auto" and tilelang_fp8_preferred(fp8_slots, self.head_dim))
             )
         )
         if use_fused:

@@ -25,6 +25,11 @@ TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
 BENCH_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 64), (9, 3, 64, 64)]
 
 
+def unique(builds: list[dict]) -> list[dict]:
+    """Each build once, in order."""
+    return [b for i, b in enumerate(builds) if b not in builds[:i]]
+
+
 def library_tq3_builds(g: int, p: int, d: int) -> list[dict]:
     """The TQ3 decode builds MinimaDecodeWrapper takes: for batches and for a single request."""
     return [tile_config(g, p, d), tile_config(g, p, d, 1)]
@@ -44,14 +49,13 @@ def tilelang_jobs(decode_only: bool):
         builds = library_tq3_builds(g, p, d)
         if (hq, h, d, p) in TEST_GEOMETRIES:
             builds += [{**tile_config(g, p, d), **other} for other in ({"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1})]
-        for build in [b for i, b in enumerate(builds) if b not in builds[:i]]:
+        for build in unique(builds):
             yield (
                 f"tq3_decode {hq}/{h}/{d}/p{p} {build}",
                 lambda h=h, g=g, d=d, p=p, build=build: tq3_decode_kernel(h, g, d, p, d**-0.5, key_centroids_fp16(d), **build),
             )
         # fp8_kernel="fused": the library's builds with the FP8 role (fp16 queries: one GPU test)
-        library = library_tq3_builds(g, p, d)
-        for build in [b for i, b in enumerate(library) if b not in library[:i]]:
+        for build in unique(library_tq3_builds(g, p, d)):
             for dtype in ("bfloat16", "float16") if (hq, h, d, p) in TEST_GEOMETRIES else ("bfloat16",):
                 yield (
                     f"mixed_decode {hq}/{h}/{d}/p{p} {dtype} {build}",
