@@ -4,7 +4,9 @@ Every SGLang flag works as with ``python -m sglang.launch_server``; ``--minima-*
 off, validated into one MinimaConfig and carried to the scheduler process in the environment.
 Unless the user chose otherwise, Minima's attention and radix-cache backends are selected; with
 ``--device cpu`` (or no CUDA) SGLang's CPU engine is set up; with no ``--model-path`` the embedded
-default model (SmolLM2-135M-Instruct) is served.
+default model (SmolLM2-135M-Instruct) is served. On CUDA the attention backend is ``minima_native``
+(the torch reference over GPU tensors) until the ``minima`` kernel backend is part of the release.
+``minima_native`` plans each step on the host, so its servers run without CUDA graphs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sglang_minima.config import (
     set_active_config,
     split_minima_argv,
 )
+from sglang_minima.layers.attention import MINIMA_ATTENTION_BACKENDS, MINIMA_NATIVE_BACKEND
 
 logger = logging.getLogger("sglang_minima.launch_server")
 
@@ -85,12 +88,6 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
     if _flag_value(sglang_argv, "--device") is None and not _cuda_available():
         sglang_argv += ["--device", "cpu"]
     on_cpu = _flag_value(sglang_argv, "--device") == "cpu"
-    if not on_cpu and _flag_value(sglang_argv, "--attention-backend") is None:
-        raise LaunchError(
-            "--attention-backend: Minima's GPU attention backend is not part of this release yet "
-            "(its kernels are, in minima_kernels); serve with --device cpu, or pass "
-            "--attention-backend minima_native to run the torch reference path on the GPU"
-        )
     if on_cpu:
         from sglang_minima.cpu_engine import setup_cpu_engine
 
@@ -138,6 +135,13 @@ def check_supported(server_args) -> None:
         raise LaunchError("--disaggregation-mode: PD disaggregation is not supported with Minima-KV")
     if (getattr(server_args, "dcp_size", 1) or 1) > 1:
         raise LaunchError("--dcp-size: decode context parallelism is not supported with Minima-KV")
+    for flag in ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend"):
+        backend = getattr(server_args, flag[2:].replace("-", "_"), None)
+        if backend is not None and backend not in MINIMA_ATTENTION_BACKENDS:
+            raise LaunchError(
+                f"{flag}: Minima-KV's pages are read only by Minima's attention backends "
+                f"({', '.join(MINIMA_ATTENTION_BACKENDS)}), got {backend!r}"
+            )
     if server_args.radix_cache_backend != "minima":
         raise LaunchError(
             f"--radix-cache-backend: sglang_minima.launch_server serves Minima-KV, which needs "
@@ -155,15 +159,17 @@ def check_supported(server_args) -> None:
 
 def _default_flags(argv: list[str], on_cpu: bool) -> list[str]:
     defaults: list[tuple[tuple[str, ...], list[str]]] = [
-        (("--attention-backend",), ["--attention-backend", "minima_native"]),
+        (("--attention-backend",), ["--attention-backend", MINIMA_NATIVE_BACKEND]),
         (("--radix-cache-backend",), ["--radix-cache-backend", "minima"]),
         (("--page-size",), ["--page-size", str(DEFAULT_PAGE_SIZE)]),
     ]
     if on_cpu:
+        defaults.append((("--max-total-tokens",), ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]))
+    if on_cpu or _flag_value(argv, "--attention-backend") in (None, MINIMA_NATIVE_BACKEND):
+        # No graphs on CPU; minima_native plans every step on the host (it cannot be captured).
         defaults += [
-            (("--max-total-tokens",), ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]),
-            (("--cuda-graph-backend-decode",), ["--cuda-graph-backend-decode", "disabled"]),
-            (("--cuda-graph-backend-prefill",), ["--cuda-graph-backend-prefill", "disabled"]),
+            (("--cuda-graph-backend-decode", "--disable-cuda-graph"), ["--cuda-graph-backend-decode", "disabled"]),
+            (("--cuda-graph-backend-prefill", "--disable-cuda-graph"), ["--cuda-graph-backend-prefill", "disabled"]),
         ]
     return [arg for names, flag in defaults if _flag_value(argv, *names) is None for arg in flag]
 

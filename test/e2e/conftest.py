@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from minima_test_support.server import launch
+from minima_test_support.server import e2e_device, launch
 
 
 @pytest.fixture(scope="session")
@@ -12,6 +12,6 @@ def default_server(tmp_path_factory):
     # SGLANG_DEBUG_MEMORY_POOL: SGLang's paged allocator asserts on double frees and duplicate pages.
     server = launch(["--enable-metrics", "--max-running-requests", "16"], log,
                     env={"SGLANG_DEBUG_MEMORY_POOL": "1"})
-    print(f"\n[e2e] default server up in {server.startup_s:.1f}s on {server.url}")
+    print(f"\n[e2e] default server up in {server.startup_s:.1f}s on {server.url} (device {e2e_device()})")
     yield server
     server.stop()

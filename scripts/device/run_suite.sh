@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The device test entry point, after `harness.sh install` on a warm machine. Results under $OUT:
+# summary.md (every test with its outcome and time), summary.json, logs.tar.gz (all logs, JUnit XML).
+#   bash scripts/device/run_suite.sh tests [BUDGET_S=540]   # GPU unit tests, kernel tests, device e2e
+#   bash scripts/device/run_suite.sh serve                  # serving arms: Minima and SGLang's FP8 KV
+# `tests` runs its three parts side by side (the e2e suite starts its servers one at a time; the
+# kernel part builds with many nvcc processes): each stops cleanly, results kept, at its budget.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+WORK=/tmp/minima-suite; rm -rf "$WORK"; mkdir -p "$WORK"
+. scripts/device/env.sh
+phase=${1:-tests}; budget=${2:-540}
+t0=$SECONDS
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$WORK/gpu.txt"
+case "$phase" in
+tests)
+  PYTEST=(python3 -m pytest -p no:cacheprovider -o addopts="-ra")
+  timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -s -v \
+    --junitxml "$WORK/junit_e2e.xml" > "$WORK/e2e.log" 2>&1 &
+  timeout -s INT "$budget" "${PYTEST[@]}" -m gpu test --ignore=test/gpu -v \
+    --junitxml "$WORK/junit_unit.xml" > "$WORK/unit.log" 2>&1 &
+  OUT="$WORK/kernels" BENCH=0 bash scripts/device/run_all.sh 150 > "$WORK/kernels.log" 2>&1 &
+  wait
+  ;;
+serve)
+  timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --arms "${ARMS:-minima,sglang-fp8}" \
+    --reference docs/results/device/greedy_cpu.json --work "$WORK/serve" --out "$OUT/serve_arms.json" \
+    > "$WORK/serve.log" 2>&1
+  tail -20 "$WORK/serve.log"
+  ;;
+*) echo "usage: run_suite.sh tests|serve [BUDGET_S]"; exit 2 ;;
+esac
+python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
+tar -czf "$OUT/logs.tar.gz" -C "$WORK" .
