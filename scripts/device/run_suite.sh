@@ -3,8 +3,8 @@
 # summary.md (every test with its outcome and time), summary.json, logs.tar.gz (all logs, JUnit XML).
 #   bash scripts/device/run_suite.sh tests [BUDGET_S=540]   # GPU unit tests, kernel tests, device e2e
 #   bash scripts/device/run_suite.sh serve                  # serving arms: Minima and SGLang's FP8 KV
-# `tests` runs its three parts side by side (the e2e suite starts its servers one at a time; the
-# kernel part builds with many nvcc processes): each stops cleanly, results kept, at its budget.
+# `tests` runs its three parts side by side (the e2e suite one worker per file; the kernel part
+# builds with many nvcc processes): each stops cleanly, results kept, at its budget.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +16,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 case "$phase" in
 tests)
   PYTEST=(python3 -m pytest -p no:cacheprovider -o addopts="-ra")
-  timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -s -v \
+  # one worker per test file (pytest-xdist is in the image): the files' servers start side by side
+  timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -v -n 5 --dist loadfile \
     --junitxml "$WORK/junit_e2e.xml" > "$WORK/e2e.log" 2>&1 &
   timeout -s INT "$budget" "${PYTEST[@]}" -m gpu test --ignore=test/gpu -v \
     --junitxml "$WORK/junit_unit.xml" > "$WORK/unit.log" 2>&1 &

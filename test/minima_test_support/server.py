@@ -21,7 +21,7 @@ import requests
 
 STARTUP_TIMEOUT_S = 600
 # What a GPU server gets beside the CPU launcher's own defaults: the same logical KV capacity.
-_DEVICE_ARGS = {"cpu": [], "cuda": ["--device", "cuda", "--max-total-tokens", "32768"]}
+_DEVICE_ARGS = {"cpu": [], "cuda": ["--device", "cuda", "--max-total-tokens", "32768", "--dtype", "bfloat16"]}
 
 
 def e2e_device() -> str:

@@ -9,7 +9,7 @@ geometries that matter, not for answers.
                     24q/4kv/256, gated, partial RoPE), the rest Gated DeltaNet, dense MLP
                     (SGLang's Qwen3_5ForCausalLM). Only full-attention KV is tiered.
 
-  python3 scripts/device/make_models.py /tmp/models   # prints one directory per line
+  PYTHONPATH=test python3 -m minima_test_support.dummy_models /tmp/models   # one directory per line
 """
 
 from __future__ import annotations
