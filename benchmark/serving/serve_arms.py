@@ -17,8 +17,7 @@ Arms:
 
   .venv/bin/python benchmark/serving/serve_arms.py --arms minima --greedy-only \\
       --out docs/results/device/greedy_cpu.json                        # CPU reference
-  python3 benchmark/serving/serve_arms.py --arms minima,sglang-fp8 \\
-      --reference docs/results/device/greedy_cpu.json --out $OUT/serve_arms.json   # device harness
+  ARMS=sglang-fp8 bash scripts/device/run_suite.sh serve   # device harness: one arm per call
 """
 
 from __future__ import annotations
@@ -180,8 +179,8 @@ def main() -> None:
     ap.add_argument("--greedy-only", action="store_true", help="no bench_serving run")
     ap.add_argument("--reference", type=Path, help="an earlier run's JSON: greedy agreement with its first arm")
     ap.add_argument("--input-len", type=int, default=512)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-concurrency", type=int, default=4)
     ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "serve_arms")
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
@@ -198,15 +197,20 @@ def main() -> None:
     if args.reference:
         reference = json.loads(args.reference.read_text())["results"][0]["greedy"]
     args.work.mkdir(parents=True, exist_ok=True)
-    results = [run_arm(known[name], args, reference) for name in tqdm(args.arms.split(","), desc="arms")]
-    table = render(results)
-    print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    results: list[ArmResult] = []
+    for name in tqdm(args.arms.split(","), desc="arms"):
+        results.append(run_arm(known[name], args, reference))
+        write(args.out, results)  # after every arm: a call cut short keeps what it measured
+    print(render(results))
+    print(f"wrote {args.out}")
+
+
+def write(out: Path, results: list[ArmResult]) -> None:
+    out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
         "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "results": [asdict(r) for r in results]}, indent=1))
-    args.out.with_suffix(".md").write_text(table + "\n")
-    print(f"wrote {args.out}")
+    out.with_suffix(".md").write_text(render(results) + "\n")
 
 
 if __name__ == "__main__":

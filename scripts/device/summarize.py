@@ -58,9 +58,8 @@ def main() -> None:
         lines += ["", "| suite | test | outcome | s |", "|---|---|---|---|"]
         lines += [f"| {c['suite']} | `{c['test']}` | {c['outcome']}{(': ' + c['detail'][0][:120]) if c['detail'] else ''} "
                   f"| {c['seconds']:.1f} |" for c in cases]
-    serve = args.out / "serve_arms.md"
-    if serve.exists():
-        lines += ["", "## Serving arms (harness figures)", "", serve.read_text()]
+    for serve in sorted(args.out.glob("serve_*.md")):
+        lines += ["", f"## Serving arms, {serve.stem} (harness figures)", "", serve.read_text()]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     (args.out / "summary.json").write_text(json.dumps(
         {"phase": args.phase, "seconds": args.seconds, "gpu": gpu, "note": HARNESS_NOTE, "counts": counts,

@@ -36,7 +36,9 @@ GEOMETRIES: dict[str, dict] = {
         "full_attention_interval": 4, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
         "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
         "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-        "max_position_embeddings": 262144, "rope_theta": 10000000.0, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+        # Qwen3.5 checkpoints give RoPE as rope_parameters; an empty one is refused by get_rope
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0},
         "hidden_act": "silu", "tie_word_embeddings": False,
     },
 }
