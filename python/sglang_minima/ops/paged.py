@@ -42,10 +42,11 @@ class HotPagedKV:
 
     def load(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.slots[start:end]
-        return _dequant(self.k_buffer[idx], self.k_scale), _dequant(self.v_buffer[idx], self.v_scale)
+        return dequantize_hot(self.k_buffer[idx], self.k_scale), dequantize_hot(self.v_buffer[idx], self.v_scale)
 
 
-def _dequant(x: torch.Tensor, scale: Scale) -> torch.Tensor:
+def dequantize_hot(x: torch.Tensor, scale: Scale) -> torch.Tensor:
+    """Hot-page rows as fp32: e4m3 bits (uint8) times the layer's scale, or the model dtype."""
     if x.dtype == torch.uint8:
         return fp8_dequantize(x, scale)
     x = x.to(torch.float32)

@@ -4,9 +4,12 @@ The CPU backend and the reference for every faster path. Per forward step, ``ini
 turns the ForwardBatch and the pool's page table into per-request routes (plan.py): hot token slots
 and TQ3 page ids with their sequence positions. Per layer, each request's queries attend its hot
 tokens and its TQ3 pages in tiles (sglang_minima.ops.paged: no dense copy of the cache) and the two
-partial (out, LSE) states are merged by the online-softmax merge. Decode, extend, chunked prefill
-(later chunks read Stale pages of earlier ones) and mixed batches share this one path: queries sit
-at the last positions of their request and mask keys by position.
+partial (out, LSE) states are merged by the online-softmax merge. Extend, chunked prefill (later
+chunks read Stale pages of earlier ones) and mixed batches take this path: queries sit at the last
+positions of their request and mask keys by position. Decode batches (one query per request) are
+planned for the whole batch at once (forward_plan.py, the per-format CSR page lists the GPU backend
+reads too) and attended in one pass per tile of pages (ops.batched_decode), unless page scores are
+collected for score Anchors, which take the per-request path.
 
 Contract with the pool (MinimaKVPool): the page table maps every page of the batch before the
 forward (the allocator maps new pages at allocation, always to hot pages). ``note_read`` is told the
@@ -19,6 +22,7 @@ layers of a step (page_mass.py) and reports it after the last layer (``note_page
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,14 +32,26 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+from sglang_minima.layers.attention.forward_plan import ForwardPlan, plan_forward
 from sglang_minima.layers.attention.page_mass import hot_token_mass, tq3_page_mass
-from sglang_minima.layers.attention.plan import BatchRoute, RequestRoute, plan_batch
+from sglang_minima.layers.attention.plan import BatchRoute, RequestRoute, RouteCounts, plan_batch
+from sglang_minima.ops.batched_decode import mixed_batch_decode
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, hot_paged_attention, mixed_paged_attention
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class BatchedDecode:
+    """A decode step planned for the whole batch: the plan, and what the pool is told it reads."""
+
+    plan: ForwardPlan
+    logical_pages: torch.Tensor
+    """int64: the logical pages each request reads, concatenated in batch and position order."""
+    counts: RouteCounts
 
 
 class MinimaNativeAttnBackend(AttentionBackend):
@@ -46,7 +62,7 @@ class MinimaNativeAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.forward_metadata: BatchRoute | None = None
+        self.forward_metadata: BatchRoute | BatchedDecode | None = None
         pool = self.token_to_kv_pool
         if not hasattr(pool, "page_table"):
             raise ValueError(
@@ -74,6 +90,11 @@ class MinimaNativeAttnBackend(AttentionBackend):
         if seq_lens is None:
             seq_lens = forward_batch.seq_lens.cpu()
         pool = self.token_to_kv_pool
+        if mode.is_decode() and not self._score_pages:
+            self.forward_metadata = self._plan_decode(forward_batch, seq_lens)
+            counts = self.forward_metadata.counts
+            pool.note_read(self.forward_metadata.logical_pages, hot_tokens=counts.hot_tokens, tq3_tokens=counts.tq3_tokens)
+            return
         route = plan_batch(
             self.req_to_token_pool.req_to_token,
             forward_batch.req_pool_indices.tolist(),
@@ -91,6 +112,25 @@ class MinimaNativeAttnBackend(AttentionBackend):
                 torch.zeros(r.logical_pages.numel(), dtype=torch.float32, device=r.logical_pages.device)
                 for r in route.requests
             ]
+
+    def _plan_decode(self, forward_batch: ForwardBatch, seq_lens_cpu: torch.Tensor) -> BatchedDecode:
+        pool = self.token_to_kv_pool
+        page_size = pool.page_size
+        req_to_token = self.req_to_token_pool.req_to_token
+        kv_lens = seq_lens_cpu.to(req_to_token.device)
+        max_pages = max(1, -(-int(seq_lens_cpu.max()) // page_size))
+        plan = plan_forward(
+            req_to_token, forward_batch.req_pool_indices, kv_lens, torch.ones_like(kv_lens),
+            pool.page_table.fmt, pool.page_table.phys, page_size, max_pages,
+        )
+        num_pages = torch.div(plan.kv_lens + page_size - 1, page_size, rounding_mode="floor")
+        live = torch.arange(max_pages, device=num_pages.device).unsqueeze(0) < num_pages.unsqueeze(1)
+        hot_tokens, tq3_tokens = plan.token_counts().tolist()
+        counts = RouteCounts(
+            hot_pages=int(plan.hot.indptr[-1]), hot_tokens=hot_tokens,
+            tq3_pages=int(plan.tq3.indptr[-1]), tq3_tokens=tq3_tokens,
+        )
+        return BatchedDecode(plan, plan.logical_pages[live], counts)
 
     def forward_extend(
         self,
@@ -133,6 +173,8 @@ class MinimaNativeAttnBackend(AttentionBackend):
             # New tokens land in hot pages: the pool translates logical slots to hot physical slots.
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc), k, v)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        if isinstance(self.forward_metadata, BatchedDecode):
+            return self._decode_batch(q3, layer).to(q.dtype).reshape(q3.shape[0], -1)
         o = q.new_empty(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
         o3 = o.view(-1, layer.tp_q_head_num, layer.v_head_dim)
         for i, route in enumerate(self.forward_metadata.requests):
@@ -143,6 +185,18 @@ class MinimaNativeAttnBackend(AttentionBackend):
             self.token_to_kv_pool.note_page_scores(self.forward_metadata.logical_pages, torch.cat(self._page_mass))
             self._page_mass = []
         return o
+
+    def _decode_batch(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
+        """Every request's one query [B, Hq, D] over its hot and TQ3 pages -> out fp32 [B, Hq, Dv]."""
+        pool, plan, lid = self.token_to_kv_pool, self.forward_metadata.plan, layer.layer_id
+        k_buffer = pool.hot_k_buffer(lid)
+        fp8 = k_buffer.dtype == torch.uint8
+        out, _ = mixed_batch_decode(
+            q, plan.hot, plan.tq3, plan.kv_lens, k_buffer, pool.hot_v_buffer(lid), pool.tq3_buffer(lid),
+            pool.layout, pool.codebook, pool.rotation(lid), layer.scaling,
+            k_scale=pool.k_scale(lid) if fp8 else None, v_scale=pool.v_scale(lid) if fp8 else None,
+        )
+        return out
 
     def _attend_request(self, index: int, q: torch.Tensor, route: RequestRoute, layer: RadixAttention) -> torch.Tensor:
         """Request ``index``'s queries [T, Hq, D] over its hot tokens and TQ3 pages -> out fp32 [T, Hq, Dv]."""

@@ -1,0 +1,143 @@
+"""The per-format page plan of one forward batch, built on the device by fixed-shape torch ops.
+
+Where ``plan.py`` walks requests one by one on the host (the checked reference), ``plan_forward``
+turns the whole batch and the page table into per-format CSR page lists at once: no host sync, no
+data-dependent shape, so it can run inside a captured CUDA graph (SGLang 0.5.23's
+``init_forward_metadata_in_graph``) as well as on the CPU. Every output has a fixed capacity,
+``batch * max_pages`` entries, the live ones first: ``*_indptr[-1]`` says how many are live.
+
+Per request ``i`` (its tokens at positions ``0 .. kv_lens[i] - 1``, its page ``j`` holding positions
+``j * page_size ..``; SGLang's paged allocator keeps every page of a request one logical page):
+
+- hot pages: physical ids ``hot_pages[hot_indptr[i]:hot_indptr[i+1]]`` and their page numbers
+  within the request ``hot_page_index[...]``, in position order. Only a request's last page can be
+  partial, and it is always hot while written: ``hot_last_page_len[i]`` is the fill of the request's
+  last hot page (FlashInfer's paged layout; ``last_page_len`` / ``last_page_hot`` say the rest);
+- TQ3 pages (always full): ``tq3_pages`` / ``tq3_page_index`` the same way;
+- queries: rows ``q_indptr[i] .. q_indptr[i+1]`` at the last ``q_lens[i]`` positions.
+
+Padding rows of a graph batch (request row 0, SGLang's padding row, whose slots are all 0) plan
+one hot page, physical page 0 (padding), of ``min(kv_len, page_size)`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+
+
+@dataclass(frozen=True)
+class FormatPages:
+    """One format's pages of a batch, CSR over requests; entries past ``indptr[-1]`` are padding (0)."""
+
+    indptr: torch.Tensor
+    """int32 [batch + 1]"""
+    pages: torch.Tensor
+    """int32 [capacity]: physical page ids in this format's buffer."""
+    page_index: torch.Tensor
+    """int32 [capacity]: each page's number within its request (its first position / page_size)."""
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """int32 [batch]: pages of this format per request."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """What both Minima attention ops read for one forward batch (all tensors on one device)."""
+
+    page_size: int
+    kv_lens: torch.Tensor
+    """int32 [batch]"""
+    q_indptr: torch.Tensor
+    """int32 [batch + 1]"""
+    hot: FormatPages
+    tq3: FormatPages
+    last_page_len: torch.Tensor
+    """int32 [batch]: tokens in each request's last page."""
+    last_page_hot: torch.Tensor
+    """bool [batch]: whether that page is hot (always, while it is written)."""
+    logical_pages: torch.Tensor
+    """int64 [batch, max_pages]: the logical page of every page read, 0 past a request's end."""
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.kv_lens.numel())
+
+    @property
+    def max_pages(self) -> int:
+        return int(self.logical_pages.shape[1])
+
+    @property
+    def hot_last_page_len(self) -> torch.Tensor:
+        """int32 [batch]: tokens in each request's last hot page (FlashInfer's paged layout: every
+        other hot page of a request is full)."""
+        return torch.where(self.last_page_hot, self.last_page_len, torch.full_like(self.last_page_len, self.page_size))
+
+    def token_counts(self) -> torch.Tensor:
+        """int64 [2]: tokens attended in hot pages and in TQ3 pages, summed over the batch."""
+        short = (self.page_size - self.last_page_len).to(torch.int64)  # the last page's empty slots
+        tq3 = self.tq3.counts.sum().to(torch.int64) * self.page_size - torch.where(self.last_page_hot, 0, short).sum()
+        return torch.stack([self.kv_lens.sum().to(torch.int64) - tq3, tq3])
+
+
+def plan_forward(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    kv_lens: torch.Tensor,
+    q_lens: torch.Tensor,
+    fmt: torch.Tensor,
+    phys: torch.Tensor,
+    page_size: int,
+    max_pages: int,
+) -> ForwardPlan:
+    """Plan a batch: request ``i`` reads ``req_to_token[req_pool_indices[i], :kv_lens[i]]`` and its
+    last ``q_lens[i]`` tokens are queries. ``fmt`` / ``phys`` are the page table (indexed by logical
+    page). ``max_pages`` bounds every request's pages (the batch's, or the graph's, longest context
+    in pages); requests longer than that are a caller error the shapes cannot show."""
+    device = req_to_token.device
+    batch = int(req_pool_indices.numel())
+    kv_lens = kv_lens.to(device=device, dtype=torch.int32)
+    num_pages = torch.div(kv_lens + page_size - 1, page_size, rounding_mode="floor")
+    j = torch.arange(max_pages, device=device, dtype=torch.int64)
+    live = j.unsqueeze(0) < num_pages.unsqueeze(1)  # [batch, max_pages]
+    cols = (j * page_size).clamp(max=req_to_token.shape[1] - 1)
+    slots = req_to_token[req_pool_indices.to(device=device, dtype=torch.int64).unsqueeze(1), cols.unsqueeze(0)]
+    logical = torch.where(live, torch.div(slots.to(torch.int64), page_size, rounding_mode="floor"), 0)
+    tags = fmt[logical]
+    page_phys = phys[logical]
+    is_tq3 = live & (tags == FMT_TQ3)
+    is_hot = live & (tags == FMT_HOT)
+    hot = _csr(is_hot, page_phys, j)
+    tq3 = _csr(is_tq3, page_phys, j)
+
+    last = (num_pages - 1).clamp(min=0)
+    last_page_hot = is_hot.gather(1, last.to(torch.int64).unsqueeze(1)).squeeze(1)
+    last_page_len = kv_lens - last * page_size
+
+    q_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    q_indptr[1:] = torch.cumsum(q_lens.to(device=device, dtype=torch.int32), 0)
+    return ForwardPlan(page_size, kv_lens, q_indptr, hot, tq3, last_page_len, last_page_hot, logical)
+
+
+def _csr(mask: torch.Tensor, page_phys: torch.Tensor, page_number: torch.Tensor) -> FormatPages:
+    """Stable compaction of the ``mask``-ed pages of every row into one fixed-capacity list."""
+    batch, max_pages = mask.shape
+    capacity = batch * max_pages
+    counts = mask.sum(dim=1, dtype=torch.int32)
+    indptr = torch.zeros(batch + 1, dtype=torch.int32, device=mask.device)
+    indptr[1:] = torch.cumsum(counts, 0)
+    rank = torch.cumsum(mask.to(torch.int32), dim=1) - 1
+    # Masked-out entries go to one dump slot past the end: a scatter of fixed shape, no nonzero().
+    dest = torch.where(mask, indptr[:-1].unsqueeze(1) + rank, capacity).to(torch.int64).flatten()
+    pages = torch.zeros(capacity + 1, dtype=torch.int32, device=mask.device)
+    index = torch.zeros(capacity + 1, dtype=torch.int32, device=mask.device)
+    pages.scatter_(0, dest, page_phys.to(torch.int32).flatten())
+    index.scatter_(0, dest, page_number.to(torch.int32).expand(batch, max_pages).flatten())
+    pages[capacity] = 0
+    index[capacity] = 0
+    return FormatPages(indptr, pages[:capacity], index[:capacity])
