@@ -17,6 +17,9 @@ CONFIG_ENV = "SGLANG_MINIMA_CONFIG"
 FLAG_PREFIX = "--minima-"
 
 HOT_DTYPES = ("fp8_e4m3", "auto")
+MAX_PAGES = 2**31 - 1
+"""Largest page count a flag may give: page counts are compared with int32 page-table entries."""
+MAX_SEED = 2**63 - 1
 
 
 def _option(default, help: str):
@@ -60,9 +63,10 @@ class MinimaConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("recent_pages", "sink_pages", "anchor_pages", "rotation_seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{flag_name(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "rotation_seed"):
+            value, top = getattr(self, name), MAX_SEED if name == "rotation_seed" else MAX_PAGES
+            if not 0 <= value <= top:
+                raise ValueError(f"{flag_name(name)} must be in [0, {top}], got {value}")
         if self.recent_pages < 1:
             raise ValueError(
                 f"{flag_name('recent_pages')} must be >= 1 (the page being written is Recent), "
