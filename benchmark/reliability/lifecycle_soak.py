@@ -46,7 +46,8 @@ def main() -> None:
         max_examples=args.examples, stateful_step_count=args.steps, deadline=None, derandomize=True,
         suppress_health_check=list(HealthCheck), print_blob=True))
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {platform.node()}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {platform.node()}",
         "command": " ".join(sys.argv), "examples": args.examples, "steps_per_example": args.steps,
         "operations": Lifecycle.steps_run, "attention_every": args.attention_every, "seconds": round(time.time() - t0, 1), "failures": 0,
     }

@@ -160,7 +160,9 @@ def render(results: list[ArmResult]) -> str:
         a, b, s = r.agreement, r.bench, r.minima.get("stats", {})
         agree = f"{a['identical_prompts']}/{a['prompts']}" if a else "-"
         pos = f"{a['positions_equal']}/{a['positions']}" if a else "-"
-        fmt = (lambda k, f: format(b[k], f) if k in b else "-")
+        def fmt(key: str, spec: str, b=b) -> str:
+            return format(b[key], spec) if key in b else "-"
+
         lines.append(
             f"| {r.arm} | {r.device} | {r.startup_s:.0f} | {agree} | {pos} | {fmt('output_throughput', '.1f')} "
             f"| {fmt('request_throughput', '.2f')} | {fmt('mean_ttft_ms', '.0f')} | {fmt('p99_ttft_ms', '.0f')} "
