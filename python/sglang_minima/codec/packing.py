@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 
 import torch
@@ -45,19 +46,37 @@ def pack_codes(codes: torch.Tensor, kind: str) -> torch.Tensor:
     return (flat.view(*lead, -1, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
 
 
+@lru_cache(maxsize=32)
+def _code_reads(kind: str, page_size: int, head_dim: int, device: torch.device):
+    """How to read each code of a head's block as 32-bit little-endian words: (word, shift) [P*D]
+    of its lowest bit, and, for the codes whose three bits are not adjacent in one word (the
+    spread pair of each triple), their flat positions with (word, shift) [3, n] of each bit."""
+    if sys.byteorder != "little":
+        raise RuntimeError("unpack_codes reads the code blocks as little-endian 32-bit words")
+    index = _bit_index(kind, page_size, head_dim, device).view(-1, TQ3_BITS)
+    low = index[:, 0]
+    adjacent = (index[:, 1] == low + 1) & (index[:, 2] == low + 2) & (low // 32 == (low + 2) // 32)
+    spread = torch.nonzero(~adjacent).flatten()
+    bits = index[spread].T  # [3, n]
+    return low // 32, (low % 32).to(torch.int32), spread, bits // 32, (bits % 32).to(torch.int32)
+
+
 def unpack_codes(packed: torch.Tensor, kind: str, page_size: int, head_dim: int) -> torch.Tensor:
     """uint8 [..., P*D*3/8] -> uint8 codes [..., P, D] (inverse of pack_codes)."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"unpack_codes expects uint8 bytes, got dtype={packed.dtype}")
-    index = _check(kind, page_size, head_dim, packed.device)
+    _check(kind, page_size, head_dim, packed.device)
     nbytes = page_size * head_dim * TQ3_BITS // 8
     if packed.shape[-1] != nbytes:
         raise ValueError(
             f"unpack_codes: page_size={page_size}, head_dim={head_dim} pack into {nbytes} bytes, "
             f"got last dim {packed.shape[-1]}"
         )
-    lead = packed.shape[:-1]
-    bits = (packed.unsqueeze(-1) >> torch.arange(8, device=packed.device, dtype=torch.uint8)) & 1
-    code_bits = bits.reshape(*lead, -1)[..., index]  # [..., P, D, 3]
-    shifts = torch.arange(TQ3_BITS, device=packed.device, dtype=torch.uint8)
-    return (code_bits << shifts).sum(-1, dtype=torch.uint8)
+    word, shift, spread, spread_word, spread_shift = _code_reads(kind, page_size, head_dim, packed.device)
+    # Bit i of the block is bit i % 32 of little-endian word i // 32 (nbytes is a multiple of 4).
+    words = packed.contiguous().view(torch.int32)
+    codes = (words[..., word] >> shift) & 7  # most codes: three adjacent bits of one word
+    if spread.numel():
+        parts = [((words[..., spread_word[b]] >> spread_shift[b]) & 1) << b for b in range(TQ3_BITS)]
+        codes[..., spread] = parts[0] | parts[1] | parts[2]
+    return codes.to(torch.uint8).view(*packed.shape[:-1], page_size, head_dim)

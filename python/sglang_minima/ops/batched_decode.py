@@ -38,22 +38,23 @@ class PageList(Protocol):
 def _segment_attend(
     q: torch.Tensor, req: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sm_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B, Hq, D]; keys k [N, H, D], v [N, H, Dv] of request ``req`` [N] (``visible`` bool [N])
-    -> (out fp32 [B, Hq, Dv], lse base 2 [B, Hq]); requests with no visible key give (0, -inf)."""
+    """q [B, Hq, D]; pages k [n, P, H, D], v [n, P, H, Dv] of request ``req`` [n] (``visible`` bool
+    [n, P]) -> (out fp32 [B, Hq, Dv], lse base 2 [B, Hq]); requests with no visible key give (0, -inf).
+    Scores are one small GEMM per page against its request's query (no per-token copy of q)."""
     b, hq, d = q.shape
-    n, h, dv = v.shape
+    n, _, h, dv = v.shape
     g = hq // h
-    qg = q.to(torch.float32).view(b, h, g, d)[req]  # [N, H, G, D]: each key with its request's query
-    s = torch.einsum("nhgd,nhd->nhg", qg, k.to(torch.float32)) * (sm_scale * LOG2E)
-    s = s.masked_fill(~visible.view(n, 1, 1), float("-inf"))
+    qg = q.to(torch.float32).view(b, h, g, d)[req]  # [n, H, G, D]
+    s = torch.einsum("nhgd,nphd->nhgp", qg, k.to(torch.float32)) * (sm_scale * LOG2E)
+    s = s.masked_fill(~visible.view(n, 1, 1, -1), float("-inf"))
     idx = req.view(n, 1, 1).expand(n, h, g)
     m = torch.full((b, h, g), float("-inf"), dtype=torch.float32, device=q.device)
-    m = m.scatter_reduce(0, idx, s, reduce="amax")
+    m = m.scatter_reduce(0, idx, s.amax(-1), reduce="amax")
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    p = torch.exp2(s - m[req])
-    denom = torch.zeros_like(m).index_add_(0, req, p)
+    p = torch.exp2(s - m[req].unsqueeze(-1))
+    denom = torch.zeros_like(m).index_add_(0, req, p.sum(-1))
     out = torch.zeros(b, h, g, dv, dtype=torch.float32, device=q.device)
-    out.index_add_(0, req, p.unsqueeze(-1) * v.to(torch.float32).unsqueeze(2))
+    out.index_add_(0, req, torch.einsum("nhgp,nphd->nhgd", p, v.to(torch.float32)))
     out = out / torch.where(denom > 0, denom, torch.ones_like(denom)).unsqueeze(-1)
     return out.view(b, hq, dv), (m + torch.log2(denom)).view(b, hq)
 
@@ -68,10 +69,10 @@ def _tiles(pages: PageList, tile_pages: int) -> Iterator[tuple[torch.Tensor, sli
 
 
 def _token_visibility(page_index: torch.Tensor, req: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
-    """bool [n * page_size]: the tokens of these pages that lie before their request's end."""
+    """bool [n, page_size]: the tokens of these pages that lie before their request's end."""
     offs = torch.arange(page_size, device=page_index.device)
     pos = page_index.to(torch.int64).view(-1, 1) * page_size + offs
-    return (pos < kv_lens.to(torch.int64)[req].view(-1, 1)).reshape(-1)
+    return pos < kv_lens.to(torch.int64)[req].view(-1, 1)
 
 
 def hot_batch_decode(
@@ -96,10 +97,9 @@ def hot_batch_decode(
     v_pages = v_buffer.view(-1, ps, h, v_buffer.shape[-1])
     for req, span in _tiles(hot, tile_pages):
         ids = hot.pages[span].to(torch.int64)
-        k = dequantize_hot(k_pages[ids], k_scale).reshape(-1, h, k_buffer.shape[-1])
-        v = dequantize_hot(v_pages[ids], v_scale).reshape(-1, h, v_buffer.shape[-1])
+        k, v = dequantize_hot(k_pages[ids], k_scale), dequantize_hot(v_pages[ids], v_scale)
         visible = _token_visibility(hot.page_index[span], req, kv_lens, ps)
-        tile = _segment_attend(q, req.repeat_interleave(ps), k, v, visible, sm_scale)
+        tile = _segment_attend(q, req, k, v, visible, sm_scale)
         out, lse = merge_attention_states(out, lse, *tile)
     return out, lse
 
@@ -115,14 +115,14 @@ def tq3_batch_decode(
     tile_pages: int = DEFAULT_TILE_PAGES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q' = R q [B, Hq, D] (ROTATED) over each request's TQ3 pages -> (out' fp32 ROTATED, lse base 2)."""
-    h, d, ps = layout.num_kv_heads, layout.head_dim, layout.page_size
+    d, ps = layout.head_dim, layout.page_size
     out = torch.zeros(q_rot.shape[0], q_rot.shape[1], d, dtype=torch.float32, device=q_rot.device)
     lse = torch.full(q_rot.shape[:2], float("-inf"), dtype=torch.float32, device=q_rot.device)
     for req, span in _tiles(tq3, tile_pages):
         k, v = decode_pages(buffer[tq3.pages[span].to(torch.int64)], layout, codebook)  # [n, H, P, D]
-        k, v = k.transpose(1, 2).reshape(-1, h, d), v.transpose(1, 2).reshape(-1, h, d)
         visible = _token_visibility(tq3.page_index[span], req, kv_lens, ps)
-        out, lse = merge_attention_states(out, lse, *_segment_attend(q_rot, req.repeat_interleave(ps), k, v, visible, sm_scale))
+        tile = _segment_attend(q_rot, req, k.transpose(1, 2), v.transpose(1, 2), visible, sm_scale)
+        out, lse = merge_attention_states(out, lse, *tile)
     return out, lse
 
 
