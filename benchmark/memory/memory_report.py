@@ -47,7 +47,7 @@ def simulate(args) -> list[dict]:
     from sglang_minima.config import MinimaConfig, set_active_config
     from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
     from sglang_minima.mem_cache.kv_pool import MinimaKVPool
-    from sglang_minima.mem_cache.memory_report import memory_report
+    from sglang_minima.reporting.memory_report import memory_report
     from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
 
     ps, layers, heads, dim = args.page_size, GEOMETRY["num_layers"], GEOMETRY["num_kv_heads"], GEOMETRY["head_dim"]

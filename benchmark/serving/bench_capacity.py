@@ -38,7 +38,7 @@ setup_cpu_engine()  # before any sglang import; the plain SGLang arm inherits it
 from minima_test_support.server import launch  # noqa: E402
 
 from sglang_minima.config import MinimaConfig  # noqa: E402
-from sglang_minima.mem_cache.hooks import minima_cell_size  # noqa: E402
+from sglang_minima.mem_cache.tier_store import minima_cell_size  # noqa: E402
 from sglang_minima.models import ensure_default_model  # noqa: E402
 
 

@@ -7,8 +7,8 @@ from prometheus_client import REGISTRY
 
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.controller import LifecycleController
-from sglang_minima.mem_cache.memory_report import memory_report
-from sglang_minima.metrics import get_minima_metrics
+from sglang_minima.reporting.memory_report import memory_report
+from sglang_minima.reporting.metrics import get_minima_metrics
 from store_helpers import PS, make_store, random_kv, write_tokens
 
 LABELS = {"model_name": "tiny", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}

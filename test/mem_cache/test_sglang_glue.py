@@ -21,10 +21,10 @@ from sglang.test.mem_cache_utils import finish_req
 from sglang_minima.config import CONFIG_ENV, MinimaConfig
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
-from sglang_minima.mem_cache.memory_report import memory_report
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
-from sglang_minima.mem_cache.server_info import minima_server_info
+from sglang_minima.reporting.memory_report import memory_report
+from sglang_minima.reporting.server_info import minima_server_info
 
 PS = 16  # TQ3 pages hold whole 16-token MMA tiles
 PAGES = 16

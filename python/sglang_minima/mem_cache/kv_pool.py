@@ -44,7 +44,7 @@ from sglang_minima.mem_cache.tier_store import (
     check_page_size,
     split_pages,
 )
-from sglang_minima.plugin import resolve_config
+from sglang_minima.selection import resolve_config
 
 
 def overlap_reader_lag() -> int:

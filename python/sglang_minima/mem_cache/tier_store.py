@@ -11,6 +11,7 @@ mapped here holds one reference on its physical page; readers and conversions ad
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +23,7 @@ from sglang_minima.codec.fp8 import fp8_quantize
 from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
+from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
 from sglang_minima.mem_cache.reader_holds import ReaderHolds
@@ -51,6 +53,19 @@ def check_head_dim(head_dim: int) -> None:
 def check_geometry(page_size: int, head_dim: int) -> None:
     check_page_size(page_size)
     check_head_dim(head_dim)
+
+
+def minima_cell_size(
+    config: MinimaConfig, *, num_kv_heads: int, head_dim: int, num_layers: int, page_size: int, model_dtype_bytes: int
+) -> int:
+    """Bytes per logical token, all layers, K+V, metadata and page padding included:
+    fraction * hot + (1 - fraction) * TQ3, rounded up. SGLang sizes the pool with this first, so an
+    unsupported geometry is refused here, before any allocation."""
+    check_geometry(page_size, head_dim)
+    hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
+    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim).page_bytes / page_size
+    fraction = 1.0 if config.disable_stale else config.fp8_page_fraction
+    return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
 
 @dataclass(frozen=True)

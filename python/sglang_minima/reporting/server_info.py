@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
-from sglang_minima.mem_cache.memory_report import memory_report
+from sglang_minima.reporting.memory_report import memory_report
 
 
 def minima_server_info(scheduler) -> dict[str, Any]:

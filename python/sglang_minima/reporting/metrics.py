@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_minima.mem_cache.memory_report import MemoryReport
 from sglang_minima.mem_cache.stats import MinimaStats
+from sglang_minima.mem_cache.tier_store import TieredPageStore
+from sglang_minima.reporting.memory_report import MemoryReport, memory_report
 
 _metrics: MinimaMetrics | None = None
 
@@ -83,6 +84,10 @@ class MinimaMetrics:
         self.fallbacks = counter("fallbacks", "Attention calls off the direct per-format path (0).")
         self.prefix_hit_pages = counter("prefix_hit_pages", "Prefix-cache hit pages by format.", ("format",))
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
+
+    def report(self, store: TieredPageStore) -> None:
+        """Update every metric from the store (the radix cache calls this after each step)."""
+        self.update(memory_report(store), store.stats)
 
     def update(self, report: MemoryReport, stats: MinimaStats) -> None:
         for tier, usage in report.rows().items():
