@@ -20,7 +20,7 @@ import torch
 
 from sglang_minima.codec.codebook import Codebook, tq3_codebook
 from sglang_minima.codec.fp8 import fp8_quantize
-from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout
+from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout, head_dim_fits, page_size_fits
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 def check_page_size(page_size: int) -> None:
     """Refuse a page size that TQ3 pages cannot hold, naming the flag (docs/TQ3P.md, constraints)."""
-    if page_size <= 0 or page_size % CHUNK_TOKENS != 0:
+    if not page_size_fits(page_size):
         raise ValueError(
             f"Minima-KV needs --page-size to be a multiple of {CHUNK_TOKENS}: a TQ3 page holds whole "
             f"{CHUNK_TOKENS}-token tensor-core tiles; got --page-size {page_size}"
@@ -43,7 +43,7 @@ def check_page_size(page_size: int) -> None:
 
 def check_head_dim(head_dim: int) -> None:
     """Refuse a model whose head_dim TQ3 pages cannot hold, naming the model's value."""
-    if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE != 0:
+    if not head_dim_fits(head_dim):
         raise ValueError(
             f"Minima-KV needs the model's head_dim to be a multiple of {HEAD_DIM_MULTIPLE}: TQ3 packs each "
             f"head's codes in 96-bit triples of 16 code pairs per lane; this model has head_dim={head_dim}"
