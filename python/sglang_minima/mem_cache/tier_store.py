@@ -196,7 +196,8 @@ class TieredPageStore:
         self.stats.route_tq3_tokens += tq3_tokens
 
     def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor, decay: float) -> None:
-        """Paper Eq. 6-9: s <- decay * s + (1 - decay) * m / sum(m), over all pages, once per step."""
+        """The page score (docs/ARCHITECTURE.md, Tiers): s <- decay * s + (1 - decay) * m / sum(m) over
+        all pages, once per step, with m the pages' attention mass (layers/attention/page_mass.py)."""
         total = float(mass.sum())
         score = self.page_table.score
         score.mul_(decay)

@@ -1,4 +1,5 @@
-"""Attention mass per KV page (paper Eq. 6-9 input), from the queries and the merged base-2 LSE.
+"""Attention mass per KV page (the input of the page score, docs/ARCHITECTURE.md, Tiers), from the
+queries and the merged base-2 LSE.
 
 The attention ops return (out, LSE) only. Given a request's final LSE, the softmax weight of key j
 for query t, head h is 2^(scale·log2(e)·q·k_j - lse[t, h]); summing it over queries and heads and
