@@ -36,7 +36,7 @@ def test_metrics_follow_the_store():
     assert _sample("sglang:minima_pages", tier="recent") == 1
     assert _sample("sglang:minima_bytes", tier="stale", kind="metadata") == 2 * 2 * store.layout.metadata_bytes
     assert _sample("sglang:minima_conversion_pages_total", direction="retier") == 2
-    assert _sample("sglang:minima_route_pages_total", format="fp8") == 4
-    assert _sample("sglang:minima_route_tokens_total", format="fp8") == 4 * PS
+    assert _sample("sglang:minima_route_pages_total", format="hot") == 4
+    assert _sample("sglang:minima_route_tokens_total", format="hot") == 4 * PS
     assert _sample("sglang:minima_live_tokens") == 4 * PS
     assert _sample("sglang:minima_dense_shadow_bytes") == 0

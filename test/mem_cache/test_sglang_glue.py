@@ -150,7 +150,7 @@ def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
     assert t.cache.live_sequences()[0].numel() == req.kv.kv_allocated_len // PS + 1
     info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator))
     memory = info["memory"]
-    assert info["active"] and info["pool"]["fp8_pages"] == 8 and info["pool"]["tq3_pages"] == 8
+    assert info["active"] and info["pool"]["hot_pages"] == 8 and info["pool"]["tq3_pages"] == 8
     assert memory["accounted_bytes"] == memory["allocated_bytes"] == sum(t.pool.get_kv_size_bytes())
     assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == N_LONG
     assert info["stats"]["dense_shadow_bytes"] == 0 and info["stats"]["fallbacks"] == 0

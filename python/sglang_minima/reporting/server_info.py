@@ -19,7 +19,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
         "active": True,
         "pool": {
             "logical_pages": shape.num_logical_pages,
-            "fp8_pages": shape.num_hot_pages,
+            "hot_pages": shape.num_hot_pages,
             "tq3_pages": shape.num_tq3_pages,
             "page_size": shape.page_size,
             "hot_dtype": str(shape.hot_dtype).removeprefix("torch."),
