@@ -20,12 +20,18 @@ SOURCES = (ROOT / "python", ROOT / "kernels")
 PROJECT = ("sglang_minima", "minima_kernels")
 
 # Lowest first; a module may import only from its own layer or a lower one. The longest matching
-# prefix places a module (the bare ``sglang_minima`` only itself). Entry points (the plugin, the launcher) sit on top: nothing below imports them.
+# prefix places a module (a bare package name only itself). Entry points (the plugin, the launcher) sit on top: nothing below imports them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sglang_minima", "sglang_minima.config", "sglang_minima.selection", "sglang_minima.cpu_engine",
      "sglang_minima.models", "sglang_minima._cpu"),
     ("sglang_minima.codec",),
-    ("sglang_minima.ops", "minima_kernels"),
+    ("sglang_minima.ops", "minima_kernels.common"),
+    ("minima_kernels.heuristics", "minima_kernels.device_source"),
+    ("minima_kernels.split_decode",),
+    ("minima_kernels.tq3_decode", "minima_kernels.mixed_decode", "minima_kernels.fp8_decode",
+     "minima_kernels.rotation_merge", "minima_kernels.convert"),
+    ("minima_kernels.decode",),
+    ("minima_kernels",),
     ("sglang_minima.mem_cache",),
     ("sglang_minima.reporting",),
     ("sglang_minima.layers",),
@@ -126,7 +132,7 @@ def layer_of(name: str) -> int | None:
     best, rank = -1, None
     for i, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            nested = prefix not in ("sglang_minima",) and name.startswith(prefix + ".")
+            nested = prefix not in PROJECT and name.startswith(prefix + ".")
             if (name == prefix or nested) and len(prefix) > best:
                 best, rank = len(prefix), i
     return rank
