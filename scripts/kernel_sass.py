@@ -26,8 +26,9 @@ sys.path[:0] = [str(ROOT / "kernels"), str(ROOT / "python")]
 
 import tilelang
 from minima_kernels import tile_config, tq3_decode_kernel
-from minima_kernels.decode import fused_build_of, key_centroids_fp16
-from minima_kernels.tq3_decode import mixed_decode_kernel
+from minima_kernels.common import key_centroids_fp16
+from minima_kernels.heuristics import fused_build_of
+from minima_kernels.mixed_decode import mixed_decode_kernel
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);")

@@ -29,15 +29,10 @@ from minima_kernels import (
     tq3_decode_kernel,
     tq3_to_fp8,
 )
-from minima_kernels.decode import (
-    TILELANG_FP8_MAX_TOKENS,
-    choose_mixed_splits,
-    key_centroids_fp16,
-    slots_per_pair,
-    tilelang_fp8_preferred,
-)
+from minima_kernels.common import MAX_SPLITS, key_centroids_fp16
+from minima_kernels.heuristics import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, slots_per_pair, tilelang_fp8_preferred
 from render_decode import previous_ms
-from minima_kernels.rotation_merge import MAX_SPLITS
+from wrapper_parts import run_fp8, run_glue, run_tq3
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
 
 ROOFLINE_TBPS = 4.2
@@ -243,7 +238,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             one_page_wrapper = one_page
             one_page.plan(*plan_args)
             row["minima_tilelang_fp8_1page_ms"], _ = bench_ms(partial(one_page.run, gen_q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5))
-            row["fp8_part_tilelang_1page_ms"], _ = bench_ms(partial(one_page.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
+            row["fp8_part_tilelang_1page_ms"], _ = bench_ms(partial(run_fp8, one_page, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
         if n_tq3 and n_fp8:
             # the two-launch paths, the FP8 part by each kernel: FlashInfer's decode + merge, or the
             # TileLang FP8 decode (split partials into the same epilogue); before the fused decode the
@@ -256,7 +251,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 row[f"minima_{kernel}_fp8_ms"], _ = bench_ms(mixed)
                 if lean:
                     continue
-                row[f"fp8_part_{kernel}_ms"], _ = bench_ms(partial(wrapper.run_fp8, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
+                row[f"fp8_part_{kernel}_ms"], _ = bench_ms(partial(run_fp8, wrapper, gen_q, (k8, v8), k_scale=0.5, v_scale=0.5))
                 if kernel == "tilelang":
                     chosen = row["fp8_tilelang_splits"] = wrapper.fp8_plan.num_splits
                     if batch <= 8 and frac == STALE[0]:
@@ -267,7 +262,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # overlap buys)
             # (FlashInfer for the FP8 part, planned last above)
             if not lean:
-                row["glue_ms"], _ = bench_ms(partial(wrapper.run_glue, gen_q, signs))
+                row["glue_ms"], _ = bench_ms(partial(run_glue, wrapper, gen_q, signs))
                 wrapper.overlap_fp8 = False
                 row["minima_serial_ms"], _ = bench_ms(mixed)
                 wrapper.overlap_fp8 = True
@@ -276,7 +271,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             wrapper.plan(*plan_args)
             row["tq3_alone_splits"] = wrapper.tq3_plan.num_splits
             q_rot = torch.randn(batch, hq, d, device=dev).to(torch.float16)
-            tq3_ms, _ = bench_ms(partial(wrapper.run_tq3, q_rot, tq3))
+            tq3_ms, _ = bench_ms(partial(run_tq3, wrapper, q_rot, tq3))
             tq3_bytes = batch * n_tq3 * layout.page_bytes
             row.update(
                 tq3_kernel_ms=tq3_ms,

@@ -113,14 +113,14 @@ def plot_speedup(result: dict, path: str) -> None:
 
 def plot_fp8_kernels(result: dict, path: str) -> None:
     """The mixed decode with the TileLang FP8 part over the one with FlashInfer's, against the batch's
-    FP8 tokens per kv head, one series per geometry, with ``auto``'s thresholds (decode.py)."""
+    FP8 tokens per kv head, one series per geometry, with ``auto``'s thresholds (heuristics.py)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     page_size = result["page_size"]
-    # auto's thresholds by head dim, as the run had them (decode.TILELANG_FP8_MAX_TOKENS)
+    # auto's thresholds by head dim, as the run had them (heuristics.TILELANG_FP8_MAX_TOKENS)
     by_dim = {int(d): t for d, t in result.get("tilelang_fp8_max_tokens", {}).items()}
     thresholds = {geom: by_dim[int(geom.split("/")[-1])] for geom in {r["geom"] for r in result["decode"]} if int(geom.split("/")[-1]) in by_dim}
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -8,7 +8,7 @@ Two sources:
              cache; a report is taken after every step.
   --url URL  one report read from a running server's /server_info (its ``minima`` section).
 
-Every report must satisfy: sum of the rows (recent, anchor, fp8_other, stale, held, free, padding)
+Every report must satisfy: sum of the rows (recent, anchor, hot_other, stale, held, free, padding)
 == bytes the store's buffers occupy == sum(pool.get_kv_size_bytes()); the script exits non-zero
 otherwise.
 
@@ -30,7 +30,7 @@ setup_cpu_engine()
 
 import torch  # noqa: E402
 
-ROWS = ("recent", "anchor", "fp8_other", "stale", "held_fp8", "held_tq3", "free_fp8", "free_tq3", "padding")
+ROWS = ("recent", "anchor", "hot_other", "stale", "held_hot", "held_tq3", "free_hot", "free_tq3", "padding")
 GEOMETRY = dict(num_layers=30, num_kv_heads=3, head_dim=64)  # SmolLM2-135M
 
 
@@ -47,7 +47,7 @@ def simulate(args) -> list[dict]:
     from sglang_minima.config import MinimaConfig, set_active_config
     from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
     from sglang_minima.mem_cache.kv_pool import MinimaKVPool
-    from sglang_minima.mem_cache.memory_report import memory_report
+    from sglang_minima.reporting.memory_report import memory_report
     from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
 
     ps, layers, heads, dim = args.page_size, GEOMETRY["num_layers"], GEOMETRY["num_kv_heads"], GEOMETRY["head_dim"]

@@ -38,7 +38,7 @@ setup_cpu_engine()  # before any sglang import; the plain SGLang arm inherits it
 from minima_test_support.server import launch  # noqa: E402
 
 from sglang_minima.config import MinimaConfig  # noqa: E402
-from sglang_minima.mem_cache.hooks import minima_cell_size  # noqa: E402
+from sglang_minima.mem_cache.tier_store import minima_cell_size  # noqa: E402
 from sglang_minima.models import ensure_default_model  # noqa: E402
 
 
@@ -163,7 +163,7 @@ def render(results: list[ArmResult], args) -> str:
         mix = conv = hits = "-"
         if r.minima:
             rows, stats = r.minima["memory"]["rows"], r.minima["stats"]
-            hot = sum(rows[k]["pages"] for k in ("recent", "anchor", "fp8_other", "held_fp8"))
+            hot = sum(rows[k]["pages"] for k in ("recent", "anchor", "hot_other", "held_hot"))
             mix = f"{hot}/{rows['stale']['pages'] + rows['held_tq3']['pages']}"
             conv = f"{stats['retier']['pages']}/{stats['pressure_retier_pages']}"
             hits = f"{stats['prefix_hit_hot_pages']}/{stats['prefix_hit_tq3_pages']}"

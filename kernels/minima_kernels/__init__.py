@@ -1,32 +1,45 @@
 """minima_kernels: GPU kernels of sglang-minima (TileLang + FlashInfer), importable without SGLang.
 
-- ``MinimaDecodeWrapper``: mixed FP8 / TQ3 paged decode (plan once per batch shape, run per layer).
-- ``mixed_decode_kernel``: both formats' split partials in one TileLang grid (the default mixed decode).
-- ``tq3_decode_kernel`` / ``tq3_merge_splits``: the TileLang TQ3 split-KV decode and split combine.
-- ``fp8_decode_kernel``: the TileLang FP8 split-KV decode (an FP8 part of the two-launch path).
-- ``rotate_queries_kernel`` / ``mixed_epilogue_kernel``: q' = R q in (the codec's Hadamard rotation);
-  split combine + un-rotation + merge of the TQ3 and FP8 states out (the mixed decode's glue).
-- ``fp8_to_tq3`` / ``tq3_to_fp8``: batched page conversions, bit-identical to the torch codec.
+One module per kernel, named for it:
+
+- ``MinimaDecodeWrapper`` (decode.py): mixed FP8 / TQ3 paged decode (plan once per batch shape, run per layer).
+- ``mixed_decode_kernel`` (mixed_decode.py): both formats' split partials in one TileLang grid (the default).
+- ``tq3_decode_kernel`` (tq3_decode.py): the TQ3 split-KV decode of the two-launch path; both decodes
+  share split_decode.py (the split body) and device_source.py (its inline CUDA).
+- ``fp8_decode_kernel`` (fp8_decode.py): the TileLang FP8 split-KV decode (an FP8 part of the two-launch path).
+- ``rotate_queries_kernel`` / ``tq3_merge_splits`` / ``mixed_epilogue_kernel`` (rotation_merge.py):
+  q' = R q in (the codec's Hadamard rotation); split combine, un-rotation and merge of the states out.
+- ``fp8_to_tq3`` / ``tq3_to_fp8`` (convert.py): batched page conversions, bit-identical to the torch codec.
+- heuristics.py: every build, split and path rule (pure Python, CPU-tested); common.py: constants and
+  limits the kernels share.
+
+Names are imported on first use, so ``minima_kernels.heuristics`` and ``minima_kernels.common`` load
+without tilelang or flashinfer.
 """
 
-from .convert import fp8_to_tq3, fp8_to_tq3_kernel, tq3_to_fp8, tq3_to_fp8_kernel
-from .decode import MinimaDecodeWrapper, choose_num_splits
-from .fp8_decode import fp8_decode_kernel
-from .rotation_merge import mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
-from .tq3_decode import mixed_decode_kernel, tile_config, tq3_decode_kernel
+import importlib
 
-__all__ = [
-    "MinimaDecodeWrapper",
-    "choose_num_splits",
-    "fp8_decode_kernel",
-    "fp8_to_tq3",
-    "fp8_to_tq3_kernel",
-    "mixed_decode_kernel",
-    "mixed_epilogue_kernel",
-    "rotate_queries_kernel",
-    "tile_config",
-    "tq3_decode_kernel",
-    "tq3_merge_splits",
-    "tq3_to_fp8",
-    "tq3_to_fp8_kernel",
-]
+_EXPORTS = {
+    "MinimaDecodeWrapper": "decode",
+    "choose_num_splits": "heuristics",
+    "tile_config": "heuristics",
+    "fp8_decode_kernel": "fp8_decode",
+    "fp8_to_tq3": "convert",
+    "fp8_to_tq3_kernel": "convert",
+    "tq3_to_fp8": "convert",
+    "tq3_to_fp8_kernel": "convert",
+    "mixed_decode_kernel": "mixed_decode",
+    "tq3_decode_kernel": "tq3_decode",
+    "mixed_epilogue_kernel": "rotation_merge",
+    "rotate_queries_kernel": "rotation_merge",
+    "tq3_merge_splits": "rotation_merge",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'minima_kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -36,8 +36,9 @@ from sglang_minima.codec.layout import (
 )
 from sglang_minima.codec.rotation import LayerRotation
 
+from .common import EXACT_FP32, log2_int
+
 FLT_MIN = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: squared norms below it code as zero
-EXACT_FP32 = {tilelang.PassConfigKey.TL_DEVICE_COMPILE_FLAGS: ["--fmad=false"]}
 
 
 def _select(table: tuple[float, ...], code):
@@ -75,12 +76,6 @@ def _plus_zero(x):
     """fp32 x + 0.0 (-0.0 -> +0.0, anything else unchanged). An IEEE add that TVM's simplifier cannot
     fold away: it rewrites ``x + 0.0f`` to ``x``, which is not the same for x = -0.0."""
     return T.call_extern(T.float32, "__fadd_rn", x, T.float32(0))
-
-
-def _log2(n: int) -> int:
-    if n <= 0 or n & (n - 1):
-        raise ValueError(f"the Hadamard path needs a power-of-two head_dim, got {n}")
-    return n.bit_length() - 1
 
 
 @T.macro
@@ -124,7 +119,7 @@ def fp8_to_tq3_kernel(
     as tq3_f16 [n_tq3, page_bytes/2] fp16 (written)."""
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, P, D = num_kv_heads, page_size, head_dim
-    log_d = _log2(D)
+    log_d = log2_int(D)
     hb = layout.head_code_bytes
     lane_words = layout.lane_words
     pad_offset = layout.payload_bytes + layout.metadata_bytes
@@ -252,7 +247,7 @@ def tq3_to_fp8_kernel(
     [n_fp8, P, H, D] e4m3 (written)."""
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, P, D = num_kv_heads, page_size, head_dim
-    log_d = _log2(D)
+    log_d = log2_int(D)
     hw = layout.head_code_bytes // 4  # words of one head's code block
     lane_words = layout.lane_words
     n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")

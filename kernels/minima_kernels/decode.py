@@ -19,7 +19,8 @@ pages of the TQ3 page size) unless its grid would take several waves of short TQ
 (``fused_fits``); otherwise, the TileLang FP8 kernel for batches with few FP8 tokens, where
 FlashInfer's fixed cost per call (its plan's split kernel and merge launch) dominates, and
 FlashInfer's above. On the H200 this choice was within 2% of the fastest path timed at 78 of 81
-mixed shapes (docs/results/kernels.md).
+mixed shapes (docs/results/kernels.md). The choice and the split counts are
+``heuristics.choose_path`` (pure, CPU-tested), its waves counted in the device's SMs.
 """
 
 from dataclasses import dataclass
@@ -27,124 +28,16 @@ from functools import partial
 
 import flashinfer
 import torch
-from sglang_minima.codec.codebook import tq3_codebook
-from sglang_minima.codec.layout import CHUNK_TOKENS, TQ3PageLayout
+from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import is_power_of_two
 
-from .fp8_decode import HEADS_PER_TILE as FP8_HEADS_PER_TILE
-from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel, fp8_tile_config
-from .rotation_merge import FP8_STATES, MAX_SPLITS, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
-from .tq3_decode import FP8_STEP_CHUNKS, TQ3_BUILD_OPTIONS, mixed_decode_kernel, tile_config, tq3_decode_kernel
-
-NUM_SMS_H200 = 132
-MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
-FP8_KERNELS = ("auto", "flashinfer", "tilelang", "fused")
-# "auto": the TileLang FP8 decode up to this many FP8 page slots (pages x page size, per kv head) in
-# the batch, by head dim (H200, both kernels side by side: docs/results/kernels.md; between the last
-# shape the TileLang kernel won and the first FlashInfer won); other head dims: the smallest
-TILELANG_FP8_MAX_TOKENS = {64: 32768, 128: 8192, 256: 16384}
-TILELANG_FP8_PAGE_SIZES = (16, 32, 64)  # built and tested (larger pages: more shared memory than an SM has at head dim 256)
-FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
-FP8_MIN_PAGES_PER_SPLIT = 2
-# "fused": the time of one FP8 chunk (16 tokens of one kv head) over a TQ3 chunk's in the one grid,
-# which shares the splits between the formats
-FUSED_FP8_CHUNK_WEIGHT = 1.0
-# "auto": where the fused grid takes several waves (batch 32 on the H200), its equal-work TQ3 splits
-# must hold at least this many pages; shorter ones lost to the two-launch path (batch 32 x 4K at 90%
-# Stale: 119.1 / 94.8 us against 67.4 / 73.9 us for head dims 256 / 128, docs/results/kernels.md)
-FUSED_MULTI_WAVE_MIN_PAGES = 16
-
-
-def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
-    """The TQ3 key codebook rounded to fp16 (the kernel's GEMM operand precision)."""
-    return tuple(float(c) for c in tq3_codebook(head_dim).centroids.to(torch.float16).float())
-
-
-def tilelang_fp8_preferred(fp8_slots: int, head_dim: int) -> bool:
-    """The two-launch path's "auto": the TileLang FP8 decode (rather than FlashInfer) for a batch of
-    this many FP8 page slots (pages x page size, per kv head)."""
-    return fp8_slots <= TILELANG_FP8_MAX_TOKENS.get(head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
-
-
-def slots_per_pair(batch: int, num_kv_heads: int, build: dict[str, int], num_sms: int = NUM_SMS_H200) -> int:
-    """Resident CTA slots of the build in one wave of the GPU, per (request, kv head) pair."""
-    return build["min_blocks"] * num_sms // (batch * num_kv_heads)
-
-
-def choose_num_splits(
-    batch: int,
-    num_kv_heads: int,
-    max_pages: int,
-    page_size: int,
-    head_dim: int,
-    num_sms: int = NUM_SMS_H200,
-    build: dict[str, int] | None = None,
-) -> int:
-    """Splits per (request, kv head) so that batch * kv_heads * splits CTAs fit the GPU's resident CTA
-    slots in one wave (a second, partial wave would leave most SMs idle while it runs), with at least
-    MIN_CHUNKS_PER_WARP chunks per warp in each split. ``build``: the kernel's warps and resident CTAs
-    per SM (default: tile_config's for this batch size)."""
-    build = build or tile_config(0, page_size, head_dim, batch)
-    want = slots_per_pair(batch, num_kv_heads, build, num_sms)
-    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
-    return max(1, min(want, max_pages // min_pages))
-
-
-def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: int = NUM_SMS_H200) -> int:
-    """Splits per (request, kv head) of the TileLang FP8 decode: about FP8_CTAS_PER_SM CTAs per SM,
-    with at least FP8_MIN_PAGES_PER_SPLIT pages per split."""
-    want = FP8_CTAS_PER_SM * num_sms // (batch * num_kv_heads)
-    return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
-
-
-def choose_mixed_splits(
-    batch: int,
-    num_kv_heads: int,
-    max_tq3_pages: int,
-    max_fp8_pages: int,
-    page_size: int,
-    build: dict[str, int],
-    fp8_weight: float = FUSED_FP8_CHUNK_WEIGHT,
-    num_sms: int = NUM_SMS_H200,
-) -> tuple[int, int]:
-    """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``: together the CTAs
-    of one wave of the build's resident slots, shared in proportion to each format's work (an FP8
-    chunk weighs ``fp8_weight`` TQ3 chunks). Where the (request, kv head) pairs leave fewer than two
-    slots each, the grid takes several waves anyway: then splits of about equal work (one FP8 split,
-    the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each split has at
-    least MIN_CHUNKS_PER_WARP chunks per warp."""
-    slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
-    tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
-    if slots >= 2:
-        tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
-        fp8 = slots - tq3
-    else:
-        tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
-    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
-    return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(fp8, max_fp8_pages // min_pages))
-
-
-def fused_fits(
-    batch: int,
-    num_kv_heads: int,
-    max_tq3_pages: int,
-    max_fp8_pages: int,
-    page_size: int,
-    build: dict[str, int],
-    num_sms: int = NUM_SMS_H200,
-) -> bool:
-    """Whether "auto" takes the fused decode for this batch: unless its grid takes several waves
-    (fewer than 2 resident slots per (request, kv head)) of TQ3 splits under FUSED_MULTI_WAVE_MIN_PAGES."""
-    if slots_per_pair(batch, num_kv_heads, build, num_sms) >= 2:
-        return True
-    tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, build, num_sms=num_sms)
-    return max_tq3_pages >= FUSED_MULTI_WAVE_MIN_PAGES * tq3_splits
-
-
-def fused_build_of(tq3_build: dict[str, int], page_size: int) -> dict[str, int]:
-    """``mixed_decode_kernel``'s build: the TQ3 decode's, its FP8 role taking steps of FP8_STEP_CHUNKS
-    chunks (at most a page)."""
-    return {**tq3_build, "fp8_step_chunks": min(FP8_STEP_CHUNKS, page_size // CHUNK_TOKENS)}
+from .common import key_centroids_fp16
+from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel
+from .heuristics import FP8_KERNELS, choose_path, device_sm_count, fp8_tile_config, fused_build_of, tile_config
+from .mixed_decode import mixed_decode_kernel
+from .rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
+from .split_decode import TQ3_BUILD_OPTIONS
+from .tq3_decode import tq3_decode_kernel
 
 
 def _build_overrides(name: str, config: dict[str, int] | None, options: tuple[str, ...]) -> dict[str, int]:
@@ -259,7 +152,7 @@ class MinimaDecodeWrapper:
             state: mixed_epilogue_kernel(num_qo_heads, self.group_size, head_dim, state, dtype) for state in FP8_STATES
         }
         self._dtype_name = dtype
-        self._tilelang_fp8_ok = self.group_size <= FP8_HEADS_PER_TILE and self.fp8_page_size in TILELANG_FP8_PAGE_SIZES
+        self.num_sms = device_sm_count(self.device)  # what the split rules count a wave in
         # the TileLang FP8 decode's builds (fp8_tile_config's for the split length, or overridden),
         # each built by the first plan() that takes it
         self._fp8_config = _build_overrides("fp8_config", fp8_config, FP8_BUILD_OPTIONS)
@@ -300,54 +193,28 @@ class MinimaDecodeWrapper:
         tq3_counts = tq3_indptr[1:] - tq3_indptr[:-1]
         if bool(((fp8_counts + tq3_counts) == 0).any()):
             raise ValueError("every request needs at least one FP8 or TQ3 page")
-        if self.fp8_kernel == "fused" and self.fp8_page_size != self.page_size:
-            raise ValueError(f"fp8_kernel='fused' takes FP8 pages of the TQ3 page size {self.page_size}, got {self.fp8_page_size}")
-        if self.fp8_kernel == "tilelang" and not self._tilelang_fp8_ok:
-            raise ValueError(
-                f"fp8_kernel='tilelang' takes GQA groups of at most {FP8_HEADS_PER_TILE} query heads and FP8 pages of "
-                f"{TILELANG_FP8_PAGE_SIZES} tokens, got group {self.group_size}, page {self.fp8_page_size}"
-            )
         has_fp8, has_tq3 = int(fp8_indptr[-1]) > 0, int(tq3_indptr[-1]) > 0
-        fp8_slots = int(fp8_indptr[-1]) * self.fp8_page_size
         max_fp8_pages = max(fp8_counts.tolist(), default=0)
         max_tq3_pages = max(tq3_counts.tolist(), default=0)
         tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config} if has_tq3 else None
-        # "auto": the fused decode where it applies (FP8 pages of the TQ3 page size) unless its grid
-        # would take several waves of short TQ3 splits; else the TileLang FP8 decode or FlashInfer by
-        # the batch's FP8 slots
-        use_fused = has_fp8 and has_tq3 and (
-            self.fp8_kernel == "fused"
-            or (
-                self.fp8_kernel == "auto"
-                and self.fp8_page_size == self.page_size
-                and fused_fits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, tq3_build)
-            )
+        path = choose_path(
+            self.fp8_kernel,
+            batch=batch,
+            num_kv_heads=self.num_kv_heads,
+            group_size=self.group_size,
+            head_dim=self.head_dim,
+            page_size=self.page_size,
+            fp8_page_size=self.fp8_page_size,
+            num_fp8_pages=int(fp8_indptr[-1]),
+            max_fp8_pages=max_fp8_pages,
+            max_tq3_pages=max_tq3_pages,
+            tq3_build=tq3_build,
+            num_splits=num_splits,
+            num_fp8_splits=num_fp8_splits,
+            num_sms=self.num_sms,
         )
-        use_tilelang = (
-            has_fp8
-            and has_tq3
-            and not use_fused
-            and self._tilelang_fp8_ok
-            and (
-                self.fp8_kernel == "tilelang"
-                or (self.fp8_kernel == "auto" and tilelang_fp8_preferred(fp8_slots, self.head_dim))
-            )
-        )
-        if use_fused:
-            tq3_splits, fp8_splits = choose_mixed_splits(batch, self.num_kv_heads, max_tq3_pages, max_fp8_pages, self.page_size, tq3_build)
-            tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
-        else:
-            fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, self.num_kv_heads, max_fp8_pages)) if use_tilelang else 0
-            tq3_splits = (
-                num_splits
-                or choose_num_splits(batch, self.num_kv_heads, max_tq3_pages, self.page_size, self.head_dim, build=tq3_build)
-                if has_tq3
-                else 0
-            )
-        fp8_parts = use_tilelang or use_fused  # the FP8 part as split partials
-        for name, splits, used in (("num_fp8_splits", fp8_splits, fp8_parts), ("num_splits", tq3_splits, has_tq3)):
-            if used and not 1 <= splits <= MAX_SPLITS:
-                raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
+        use_fused, use_tilelang, fp8_parts = path.fused, path.tilelang_fp8, path.fp8_parts
+        tq3_splits, fp8_splits = path.tq3_splits, path.fp8_splits
         fp8_build = (
             {**fp8_tile_config(self.fp8_page_size, self.head_dim, -(-max_fp8_pages // fp8_splits)), **self._fp8_config}
             if use_tilelang
@@ -429,20 +296,8 @@ class MinimaDecodeWrapper:
             raise ValueError(f"fp8_kernel={choice!r}: one of {FP8_KERNELS}")
         self._fp8_kernel_choice = choice
 
-    def run_tq3(self, q_rot: torch.Tensor, tq3_pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """TQ3 part alone, rotated space: q_rot [B, Hq, D] fp16 -> (out' fp32 [B, Hq, D], lse [B, Hq]).
-        Two-launch plans only (a fused plan decodes both formats in one launch)."""
-        if self._mixed_kernel is not None:
-            raise ValueError("a fused plan (fp8_kernel='fused') decodes the TQ3 pages with the FP8 pages: run() only")
-        p = self.tq3_plan
-        self._split_decode(q_rot.contiguous(), tq3_pages)
-        if p.num_splits == 1:
-            return p.out_partial.view(p.out.shape), p.lse_partial.view(p.lse.shape)
-        self._merge_kernel(p.out_partial, p.lse_partial, p.out, p.lse)
-        return p.out, p.lse
-
-    def run_fp8(self, q: torch.Tensor, fp8_kv_cache, *, k_scale=None, v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """FP8 part alone over the planned FP8 pages: FlashInfer's state (out [B, Hq, D], lse [B, Hq]
+    def _run_fp8(self, q: torch.Tensor, fp8_kv_cache, *, k_scale=None, v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FP8 part over the planned FP8 pages: FlashInfer's state (out [B, Hq, D], lse [B, Hq]
         base 2), or with the TileLang kernel its split partials ([B, Hq, S8, D] fp32, [B, Hq, S8])."""
         p = self.fp8_plan
         if p is None:
@@ -465,12 +320,6 @@ class MinimaDecodeWrapper:
             p.lse_partial,
         )
         return p.out_partial, p.lse_partial
-
-    def run_glue(self, q: torch.Tensor, signs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two launches around the attention kernels alone (q rotation in; split combine, un-rotation
-        and merge out) on the planned buffers, as ``run`` launches them: what they cost."""
-        self._rotate_queries(q, signs)
-        return self._finish(signs)
 
     def _rotate_queries(self, q: torch.Tensor, signs: torch.Tensor) -> None:
         self._rotate_kernel(q, signs, self.tq3_plan.q_rot)
@@ -526,7 +375,7 @@ class MinimaDecodeWrapper:
         if q.dtype != self.q_dtype:
             raise ValueError(f"q has dtype {q.dtype}, the wrapper was built for {self.q_dtype}")
         if not self._has_tq3:
-            return self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
+            return self._run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
         if self._mixed_kernel is not None:
             self._rotate_queries(q, signs)
             self._fused_decode(q.contiguous(), fp8_kv_cache, tq3_pages, k_scale, v_scale)
@@ -536,11 +385,11 @@ class MinimaDecodeWrapper:
         if overlap:  # independent of the TQ3 part
             self._side_stream.wait_stream(main)
             with torch.cuda.stream(self._side_stream):
-                self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
+                self._run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
         self._rotate_queries(q, signs)
         self._split_decode(self.tq3_plan.q_rot, tq3_pages)
         if overlap:
             main.wait_stream(self._side_stream)
         elif self._has_fp8:
-            self.run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
+            self._run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
         return self._finish(signs)

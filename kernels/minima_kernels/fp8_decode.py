@@ -18,25 +18,10 @@ rather than bf16 keeps 3 more bits of the probabilities in GEMM 2).
 import tilelang
 import tilelang.language as T
 
-from .tq3_decode import LOG2E
+from .common import FP8_HEADS_PER_TILE as HEADS_PER_TILE
+from .common import LOG2E, TWO_PAGE_STEP_MAX_HEAD_DIM
 
-HEADS_PER_TILE = 16  # the MMA's M: the group's query heads, padded
-
-
-FP8_BUILD_OPTIONS = ("threads", "stages", "pages_per_step")  # fp8_decode_kernel's
-TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
-TWO_PAGE_STEP_MAX_HEAD_DIM = 128  # built and measured up to here (head dim 256, page 64: more shared memory than an SM has)
-
-
-def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
-    """Compute threads per CTA (TileLang adds a producer warp group for the copies: a warp per 16
-    tokens of the page, up to 4; GEMM 1 splits the page's tokens over the warps, at least 16 each),
-    pipeline stages, and pages per step: 2 for splits of at least TWO_PAGE_STEP_MIN_PAGES pages at head
-    dims up to 128, where the per-step latency sets the time (H200, the FP8 part alone: 9q/3kv/64
-    batch 8 x 32K 33.0 -> 27.8 us, 32q/8kv/128 batch 1 x 128K 51.1 -> 44.1 us); shorter splits lose a
-    half step at their end (9q/3kv/64 batch 1 x 32K, 3 pages per split: 10.6 -> 11.6 us)."""
-    two = head_dim <= TWO_PAGE_STEP_MAX_HEAD_DIM and pages_per_split >= TWO_PAGE_STEP_MIN_PAGES
-    return {"threads": 32 * max(1, min(4, page_size // 16)), "stages": 2, "pages_per_step": 2 if two else 1}
+FP8_BUILD_OPTIONS = ("threads", "stages", "pages_per_step")  # fp8_decode_kernel's; heuristics.fp8_tile_config picks them
 
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})

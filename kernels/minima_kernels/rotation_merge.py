@@ -22,11 +22,10 @@ import tilelang
 import tilelang.language as T
 from sglang_minima.codec.rotation import fp32_inv_sqrt
 
-from .convert import EXACT_FP32, _log2
+from .common import EXACT_FP32, MAX_SPLITS, log2_int
 
 WARP_BUTTERFLIES = 5  # stages h = 1 .. 16 stay inside a warp (shuffles)
 THREADS = 256  # per combine CTA: 256 / D groups of D threads
-MAX_SPLITS = 1024  # the combine keeps one weight per split in shared memory (4 KB)
 
 
 @T.macro
@@ -50,7 +49,7 @@ def rotate_queries_kernel(num_qo_heads: int, group_size: int, head_dim: int, dty
     codec's ``rotate`` (fp32, bit for bit) rounded to fp16. One CTA per (query head, request)."""
     D, G = head_dim, group_size
     _check_combine_dims(D)  # a warp's shuffles need 32 live lanes: D >= 32
-    log_d = _log2(D)
+    log_d = log2_int(D)
     inv_sqrt_d = fp32_inv_sqrt(D)
     batch = T.dynamic("batch")
 
@@ -210,7 +209,7 @@ def mixed_epilogue_kernel(num_qo_heads: int, group_size: int, head_dim: int, fp8
         raise ValueError(f"fp8_state={fp8_state!r}: one of {FP8_STATES}")
     D, G = head_dim, group_size
     _check_combine_dims(D)
-    log_d = _log2(D)
+    log_d = log2_int(D)
     inv_sqrt_d = fp32_inv_sqrt(D)
     batch, num_splits, num_fp8_splits = T.dynamic("batch, num_splits, num_fp8_splits")
     neg_inf = -T.infinity(T.float32)

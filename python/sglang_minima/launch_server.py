@@ -147,10 +147,10 @@ def check_supported(server_args) -> None:
             f"--radix-cache-backend: sglang_minima.launch_server serves Minima-KV, which needs "
             f"'minima', got {server_args.radix_cache_backend!r}"
         )
-    from sglang_minima.codec.layout import CHUNK_TOKENS  # after SGLang: importing the codec imports torch
+    from sglang_minima.codec.layout import CHUNK_TOKENS, page_size_fits  # after SGLang: the codec imports torch
 
     page_size = server_args.page_size
-    if page_size is not None and (page_size <= 0 or page_size % CHUNK_TOKENS != 0):
+    if page_size is not None and not page_size_fits(page_size):
         raise LaunchError(
             f"--page-size: Minima-KV stores Stale pages as TQ3, whose pages hold whole {CHUNK_TOKENS}-token "
             f"tensor-core tiles; use a multiple of {CHUNK_TOKENS} (default {DEFAULT_PAGE_SIZE}), got {page_size}"

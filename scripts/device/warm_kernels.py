@@ -14,9 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import flashinfer
 import torch
 from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
-from minima_kernels.decode import fused_build_of, key_centroids_fp16
-from minima_kernels.tq3_decode import mixed_decode_kernel
-from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
+from minima_kernels.common import key_centroids_fp16
+from minima_kernels.fp8_decode import fp8_decode_kernel
+from minima_kernels.heuristics import fp8_tile_config, fused_build_of
+from minima_kernels.mixed_decode import mixed_decode_kernel
 from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 from sglang_minima.codec import tq3_codebook
 from sglang_minima.codec.rotation import fp32_inv_sqrt

@@ -1,6 +1,6 @@
 """The FP8 role of the mixed split decode, replayed lane by lane on the CPU.
 
-``minima_kernels.tq3_decode._fp8_device_source`` copies a 16-token chunk of an FP8 page into a warp's
+``minima_kernels.device_source.fp8_device_source`` copies a 16-token chunk of an FP8 page into a warp's
 ring (K rows with XOR-swizzled 32-byte groups, V rows padded) and builds the m16n8k16 operands from
 it in permuted orders (keys: k = head dims in the order of 8-byte loads; values: rows = dims 4r .. 4r
 + 3 of 32-dim groups, k = tokens paired by byte permutes). These tests replay the same index
@@ -16,7 +16,7 @@ import torch
 
 from sglang_minima.codec.layout import CHUNK_TOKENS, LANES
 
-FP8_V_ROW_PAD = 16  # tq3_decode.FP8_V_ROW_PAD (the kernels' package needs tilelang: not imported here)
+FP8_V_ROW_PAD = 16  # device_source.FP8_V_ROW_PAD (the kernels' package needs tilelang: not imported here)
 
 
 def k_group_xor(row: int, d: int) -> int:
@@ -180,7 +180,7 @@ def test_key_gemm_computes_scores(d: int) -> None:
         for kk in range(4):
             kb = 4 * tr + kk
             a = mma_a([o[4 * kk : 4 * kk + 4] for o in ops])
-            # q_frag j of k-block kb: q words 16 (kb // 2) + 4t + 2 (kb % 2) + j of head r (tq3_decode.query_word)
+            # q_frag j of k-block kb: q words 16 (kb // 2) + 4t + 2 (kb % 2) + j of head r (split_decode.query_word)
             b_regs = []
             for lane in range(LANES):
                 r, t = lane // 4, lane % 4

@@ -1,6 +1,6 @@
 """The MMA-order code layout, read the way the decode kernel reads it.
 
-The GPU kernel (minima_kernels/tq3_decode.py) never calls unpack_codes: each lane loads its words of a
+The GPU kernel (minima_kernels/split_decode.py, device_source.py) never calls unpack_codes: each lane loads its words of a
 16-token chunk and gets fp16x2 operands with bit operations: values through ``lop3`` masks into fp16
 1024.0 (one shift per word), keys as byte offsets into the lane's column of a 64-entry table of
 centroid pairs. These tests replay those bit operations on pages packed by the codec and check that
@@ -18,7 +18,7 @@ MAGIC = 0x6400  # fp16 1024.0: OR-ing a code at bit s of the mantissa gives 1024
 
 def _kernel_key_pairs(words: list[int], lane: int) -> list[tuple[int, int]]:
     """(low, high) codes of the 16 key pairs of a triple, through the kernel's table offsets: entry e
-    of lane l's column sits at byte 128 e + 4 l, entry e = low | high << 3 (tq3_decode.tq3_keys)."""
+    of lane l's column sits at byte 128 e + 4 l, entry e = low | high << 3 (device_source.tq3_keys)."""
     lane4 = 4 * lane
     offsets = []
     for w in words:

@@ -89,12 +89,12 @@ def test_concurrent_requests_with_aborts_leave_no_pages(default_server):
     deadline = time.time() + 120
     while time.time() < deadline:
         info = requests.get(url + "/server_info", timeout=30).json()["internal_states"][0]
-        if info["minima"]["memory"]["rows"]["held_fp8"]["pages"] == 0 and info["minima"]["memory"]["rows"]["held_tq3"]["pages"] == 0:
+        if info["minima"]["memory"]["rows"]["held_hot"]["pages"] == 0 and info["minima"]["memory"]["rows"]["held_tq3"]["pages"] == 0:
             break
         time.sleep(1)
     memory = info["minima"]["memory"]
     assert memory["accounted_bytes"] == memory["allocated_bytes"]
-    assert memory["rows"]["held_fp8"]["pages"] == 0 and memory["rows"]["held_tq3"]["pages"] == 0
+    assert memory["rows"]["held_hot"]["pages"] == 0 and memory["rows"]["held_tq3"]["pages"] == 0
     r = requests.post(url + "/generate", json={"text": "The capital of France is",
                                                "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=120)
     assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
@@ -113,7 +113,7 @@ def test_few_fp8_pages_admit_long_prompts_without_crashing(tmp_path):
                     env={"SGLANG_DEBUG_MEMORY_POOL": "1"})
     try:
         info = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]["minima"]
-        assert info["pool"]["fp8_pages"] * 64 < 6 * 900  # the batch below cannot all be FP8 at once
+        assert info["pool"]["hot_pages"] * 64 < 6 * 900  # the batch below cannot all be FP8 at once
 
         def ask(i: int) -> dict:
             text = f"Request {i}. " + " ".join(f"word{i}_{j}" for j in range(300))  # ~900 tokens

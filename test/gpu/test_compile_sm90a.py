@@ -28,8 +28,9 @@ def _compile(jit_fn, *args, **kwargs) -> str:
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
 def test_tq3_decode_compiles_streaming(hq: int, h: int, d: int, p: int) -> None:
     from minima_kernels import tile_config, tq3_decode_kernel, tq3_merge_splits
-    from minima_kernels.decode import key_centroids_fp16
-    from minima_kernels.fp8_decode import fp8_decode_kernel, fp8_tile_config
+    from minima_kernels.common import key_centroids_fp16
+    from minima_kernels.fp8_decode import fp8_decode_kernel
+    from minima_kernels.heuristics import fp8_tile_config
     from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
 
     g = hq // h
@@ -62,7 +63,7 @@ def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: in
     # (the kernel refuses warps x step_chunks that is not a multiple of the chunks per page), for
     # batches and for a single request (8 warps per SM at head dims 256 and 64)
     from minima_kernels import tile_config, tq3_decode_kernel
-    from minima_kernels.decode import key_centroids_fp16
+    from minima_kernels.common import key_centroids_fp16
 
     config = tile_config(hq // h, page, d, batch)
     src = _compile(tq3_decode_kernel, h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), **config)
@@ -72,8 +73,8 @@ def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: in
         assert config["warps"] * config["min_blocks"] == 8
     # the same build with the FP8 role (fp8_kernel="fused"): its chunk copy and fragment loads, and the
     # FP8 ring's steps also fit every page size
-    from minima_kernels.decode import fused_build_of
-    from minima_kernels.tq3_decode import mixed_decode_kernel
+    from minima_kernels.heuristics import fused_build_of
+    from minima_kernels.mixed_decode import mixed_decode_kernel
 
     src = _compile(mixed_decode_kernel, h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), "float16", **fused_build_of(config, page))
     assert "minima::copy_fp8_chunk(" in src and "minima::fp8_keys(" in src and "minima::fp8_values(" in src
@@ -83,10 +84,17 @@ def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: in
 
 def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:
     from minima_kernels import tq3_decode_kernel
-    from minima_kernels.decode import key_centroids_fp16
+    from minima_kernels.common import key_centroids_fp16
 
     with pytest.raises(ValueError, match="warps=3 x step_chunks=1"):
         tq3_decode_kernel.get_tir(4, 6, 256, 64, 256**-0.5, key_centroids_fp16(256), warps=3, step_chunks=1)
+
+
+def test_two_page_steps_past_the_tested_head_dims_are_refused() -> None:
+    from minima_kernels.fp8_decode import fp8_decode_kernel
+
+    with pytest.raises(ValueError, match="pages_per_step=2"):
+        fp8_decode_kernel(4, 6, 256, 64, 256**-0.5, "bfloat16", pages_per_step=2)
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
@@ -138,7 +146,7 @@ def test_fused_decode_main_loops_sass(hq: int, h: int, d: int, tmp_path) -> None
     if shutil.which("cuobjdump") is None and not _wheel_has("cuobjdump"):
         pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     from minima_kernels import tile_config
-    from minima_kernels.decode import fused_build_of
+    from minima_kernels.heuristics import fused_build_of
 
     build = fused_build_of(tile_config(hq // h, 64, d), 64)
     cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {"fp8_step_chunks": build["fp8_step_chunks"]}, tmp_path, fused=True)

@@ -192,7 +192,7 @@ def test_fused_plan_shares_one_wave(hq: int, h: int, d: int, p: int) -> None:
     # the library's split counts (choose_mixed_splits) for a single long request and a batch of three
     from kv_fixtures import make_batch
     from minima_kernels import tile_config
-    from minima_kernels.decode import choose_mixed_splits
+    from minima_kernels.heuristics import choose_mixed_splits
 
     wrapper = _wrapper(hq, h, d, p, "fused")
     for fp8_pages, tq3_pages, last in (([12], [150], [p - 5]), ([1, 3, 2], [20, 1, 33], [1, p - 1, 7])):
@@ -228,8 +228,7 @@ def test_fp8_build_follows_split_length(hq: int, h: int, d: int, p: int) -> None
     # 256 / 128 / 64), so the TileLang FP8 decode takes 2 pages per step at head dims <= 128; 3 requests
     # of few pages go back to 1 page per step; each plan's outputs match the reference
     from kv_fixtures import make_batch
-    from minima_kernels.decode import choose_fp8_splits
-    from minima_kernels.fp8_decode import fp8_tile_config
+    from minima_kernels.heuristics import choose_fp8_splits, fp8_tile_config
 
     wrapper = _wrapper(hq, h, d, p, "tilelang")
     long_one = make_batch(hq, h, d, p, [400], [40], [p - 3], seed=hq + 21)

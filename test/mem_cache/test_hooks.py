@@ -13,15 +13,15 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.config import CONFIG_ENV, MinimaConfig
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
-from sglang_minima.mem_cache.hooks import (
+from sglang_minima.hooks import (
     cell_size_hook,
     install_memory_hooks,
     kv_pool_cls_hook,
-    minima_cell_size,
     minima_radix_cache_factory,
     paged_allocator_cls_hook,
 )
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
+from sglang_minima.mem_cache.tier_store import minima_cell_size
 
 
 def _select(monkeypatch, config: MinimaConfig | None) -> None:

@@ -7,8 +7,8 @@ from prometheus_client import REGISTRY
 
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.controller import LifecycleController
-from sglang_minima.mem_cache.memory_report import memory_report
-from sglang_minima.metrics import get_minima_metrics
+from sglang_minima.reporting.memory_report import memory_report
+from sglang_minima.reporting.metrics import get_minima_metrics
 from store_helpers import PS, make_store, random_kv, write_tokens
 
 LABELS = {"model_name": "tiny", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
@@ -36,7 +36,7 @@ def test_metrics_follow_the_store():
     assert _sample("sglang:minima_pages", tier="recent") == 1
     assert _sample("sglang:minima_bytes", tier="stale", kind="metadata") == 2 * 2 * store.layout.metadata_bytes
     assert _sample("sglang:minima_conversion_pages_total", direction="retier") == 2
-    assert _sample("sglang:minima_route_pages_total", format="fp8") == 4
-    assert _sample("sglang:minima_route_tokens_total", format="fp8") == 4 * PS
+    assert _sample("sglang:minima_route_pages_total", format="hot") == 4
+    assert _sample("sglang:minima_route_tokens_total", format="hot") == 4 * PS
     assert _sample("sglang:minima_live_tokens") == 4 * PS
     assert _sample("sglang:minima_dense_shadow_bytes") == 0

@@ -21,10 +21,10 @@ from sglang.test.mem_cache_utils import finish_req
 from sglang_minima.config import CONFIG_ENV, MinimaConfig
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
-from sglang_minima.mem_cache.memory_report import memory_report
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
-from sglang_minima.mem_cache.server_info import minima_server_info
+from sglang_minima.reporting.memory_report import memory_report
+from sglang_minima.reporting.server_info import minima_server_info
 
 PS = 16  # TQ3 pages hold whole 16-token MMA tiles
 PAGES = 16
@@ -150,7 +150,7 @@ def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
     assert t.cache.live_sequences()[0].numel() == req.kv.kv_allocated_len // PS + 1
     info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator))
     memory = info["memory"]
-    assert info["active"] and info["pool"]["fp8_pages"] == 8 and info["pool"]["tq3_pages"] == 8
+    assert info["active"] and info["pool"]["hot_pages"] == 8 and info["pool"]["tq3_pages"] == 8
     assert memory["accounted_bytes"] == memory["allocated_bytes"] == sum(t.pool.get_kv_size_bytes())
     assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == N_LONG
     assert info["stats"]["dense_shadow_bytes"] == 0 and info["stats"]["fallbacks"] == 0

@@ -42,7 +42,8 @@ def _run_lifecycle(config: MinimaConfig) -> None:
     controller = LifecycleController(store, config)
     sequences = []
     for row in range(2):
-        assert controller.reserve_hot(4)
+        if not controller.reserve_hot(4):  # e.g. Stale disabled: 6 hot pages hold one request of 4
+            break
         pages = torch.arange(1 + 4 * row, 5 + 4 * row)
         store.map_new(pages)
         slots = (pages.view(-1, 1) * PS + torch.arange(PS)).flatten()

@@ -58,6 +58,16 @@ PAGE_ALIGN = 16  # page blocks start on 16-byte boundaries (vectorized loads)
 LSE_BASE = 2.0
 
 
+def page_size_fits(page_size: int) -> bool:
+    """The page-size rule: a TQ3 page holds whole CHUNK_TOKENS-token tensor-core tiles."""
+    return page_size > 0 and page_size % CHUNK_TOKENS == 0
+
+
+def head_dim_fits(head_dim: int) -> bool:
+    """The head-dim rule: each lane's D/4 code pairs fill whole 96-bit triples."""
+    return head_dim > 0 and head_dim % HEAD_DIM_MULTIPLE == 0
+
+
 @dataclass(frozen=True)
 class WordBits:
     """Where the codes of one triple word sit, for one kind (docs/TQ3P.md, "Triples")."""
@@ -86,11 +96,11 @@ class TQ3PageLayout:
     head_dim: int
 
     def __post_init__(self) -> None:
-        if self.head_dim <= 0 or self.head_dim % HEAD_DIM_MULTIPLE != 0:
+        if not head_dim_fits(self.head_dim):
             raise ValueError(
                 f"TQ3 needs head_dim to be a positive multiple of {HEAD_DIM_MULTIPLE}, got {self.head_dim}"
             )
-        if self.page_size <= 0 or self.page_size % CHUNK_TOKENS != 0:
+        if not page_size_fits(self.page_size):
             raise ValueError(
                 f"TQ3 needs page_size to be a positive multiple of {CHUNK_TOKENS}, got {self.page_size}"
             )

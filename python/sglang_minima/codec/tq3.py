@@ -222,9 +222,17 @@ def decode_pages(
     """TQ3P pages [N, page_bytes] -> (k̂', v̂') fp32 [N, H, P, D] in the ROTATED space."""
     f = page_fields(pages, layout)
     p, d = layout.page_size, layout.head_dim
-    k = dequantize_keys(unpack_codes(f.k_codes, KEY, p, d), f.k_norm, codebook)
     v = dequantize_values(unpack_codes(f.v_codes, VALUE, p, d), f.v_scale, f.v_zero)
-    return k, v
+    return _keys_of(f, layout, codebook), v
+
+
+def decode_page_keys(pages: torch.Tensor, layout: TQ3PageLayout, codebook: Codebook) -> torch.Tensor:
+    """The keys of ``decode_pages`` alone: k̂' fp32 [N, H, P, D], ROTATED space."""
+    return _keys_of(page_fields(pages, layout), layout, codebook)
+
+
+def _keys_of(f: TQ3PageFields, layout: TQ3PageLayout, codebook: Codebook) -> torch.Tensor:
+    return dequantize_keys(unpack_codes(f.k_codes, KEY, layout.page_size, layout.head_dim), f.k_norm, codebook)
 
 
 def to_original_space(x_rot: torch.Tensor, rotation: LayerRotation) -> torch.Tensor:

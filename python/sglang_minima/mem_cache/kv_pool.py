@@ -44,7 +44,7 @@ from sglang_minima.mem_cache.tier_store import (
     check_page_size,
     split_pages,
 )
-from sglang_minima.plugin import resolve_config
+from sglang_minima.selection import resolve_config
 
 
 def overlap_reader_lag() -> int:
@@ -123,7 +123,7 @@ class MinimaKVPool(MHATokenToKVPool):
         """Write new tokens of logical slots ``loc`` into their hot pages."""
         loc, _, _ = unwrap_write_loc(loc_info)
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
-        local = layer_id - self.start_layer
+        local = self.local_layer(layer_id)
         if k_scale is not None:
             self.store.k_scales[local] = float(k_scale)
         if v_scale is not None:
@@ -136,6 +136,10 @@ class MinimaKVPool(MHATokenToKVPool):
         )
 
     # ---------------------------------------------------------------- read interface
+
+    def local_layer(self, layer_id: int) -> int:
+        """The store's index of a model layer (a pipeline stage's pool starts at ``start_layer``)."""
+        return layer_id - self.start_layer
 
     @property
     def page_table(self) -> PageTable:
@@ -154,22 +158,22 @@ class MinimaKVPool(MHATokenToKVPool):
         return self.store.stats
 
     def hot_k_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.store.hot_k[layer_id - self.start_layer]
+        return self.store.hot_k[self.local_layer(layer_id)]
 
     def hot_v_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.store.hot_v[layer_id - self.start_layer]
+        return self.store.hot_v[self.local_layer(layer_id)]
 
     def k_scale(self, layer_id: int) -> float:
-        return self.store.k_scales[layer_id - self.start_layer]
+        return self.store.k_scales[self.local_layer(layer_id)]
 
     def v_scale(self, layer_id: int) -> float:
-        return self.store.v_scales[layer_id - self.start_layer]
+        return self.store.v_scales[self.local_layer(layer_id)]
 
     def tq3_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.store.tq3[layer_id - self.start_layer]
+        return self.store.tq3[self.local_layer(layer_id)]
 
     def rotation(self, layer_id: int) -> LayerRotation:
-        return self.store.rotations[layer_id - self.start_layer]
+        return self.store.rotations[self.local_layer(layer_id)]
 
     def hot_slots(self, logical_slots: torch.Tensor) -> torch.Tensor:
         return self.store.page_table.hot_slots(logical_slots)

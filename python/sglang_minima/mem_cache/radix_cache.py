@@ -11,12 +11,15 @@ What this class adds:
   sequence order (``req_to_token`` row, ``kv_allocated_len``);
 - ``flush_pending_backups`` (called once per scheduler step, after the step's result) ends the
   step's reader epoch and runs ``LifecycleController.tick``;
-- prefix hits by format: the formats of the pages a request was matched to when it was admitted.
+- prefix hits by format: the formats of the pages a request was matched to when it was admitted;
+- ``step_listeners``: called with the store after each step's lifecycle work (the plugin's
+  radix-cache factory adds the Prometheus metrics here with ``--enable-metrics``).
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
@@ -24,9 +27,8 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
-from sglang_minima.mem_cache.memory_report import memory_report
 from sglang_minima.mem_cache.page_table import FMT_TQ3
-from sglang_minima.metrics import get_minima_metrics, scheduler_metric_labels
+from sglang_minima.mem_cache.tier_store import TieredPageStore
 
 
 class MinimaRadixCache(UnifiedRadixCache):
@@ -38,11 +40,12 @@ class MinimaRadixCache(UnifiedRadixCache):
                 f"--radix-cache-backend minima needs MinimaPagedAllocator, got {type(allocator).__name__} "
                 "(is --page-size > 1 and sglang_minima's plugin registered?)"
             )
-        self.minima = allocator
+        self.store: TieredPageStore = allocator.kv_pool.store
+        self.lifecycle = allocator.controller
+        self.step_listeners: list[Callable[[TieredPageStore], None]] = []
         self._requests: weakref.WeakSet = weakref.WeakSet()
         # Hit pages (hot, tq3) of a request's latest match, counted once it is admitted.
         self._pending_hits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.minima_metrics = get_minima_metrics(scheduler_metric_labels()) if params.enable_metrics else None
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         result = super().match_prefix(params)
@@ -50,7 +53,7 @@ class MinimaRadixCache(UnifiedRadixCache):
         if req is not None:
             self._requests.add(req)
             pages = self._matched_pages(result)
-            tq3 = int((self.minima.kv_pool.page_table.fmt[pages] == FMT_TQ3).sum())
+            tq3 = int((self.store.page_table.fmt[pages] == FMT_TQ3).sum())
             self._pending_hits[req] = (pages.numel() - tq3, tq3)
         return result
 
@@ -71,17 +74,16 @@ class MinimaRadixCache(UnifiedRadixCache):
     def _count_hits(self, req) -> None:
         hits = self._pending_hits.pop(req, None)
         if hits is not None:
-            stats = self.minima.kv_pool.stats
+            stats = self.store.stats
             stats.prefix_hit_hot_pages += hits[0]
             stats.prefix_hit_tq3_pages += hits[1]
 
     def flush_pending_backups(self) -> None:
         super().flush_pending_backups()
-        store = self.minima.kv_pool.store
-        store.end_step()
-        self.minima.controller.tick(self.live_sequences())
-        if self.minima_metrics is not None:
-            self.minima_metrics.update(memory_report(store), store.stats)
+        self.store.end_step()
+        self.lifecycle.tick(self.live_sequences())
+        for listener in self.step_listeners:
+            listener(self.store)
 
     def live_sequences(self) -> list[torch.Tensor]:
         """Logical pages of every request holding KV, in sequence order."""

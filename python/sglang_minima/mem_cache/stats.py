@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass
 class ConversionStats:
-    """One direction of conversion (FP8 -> TQ3 retier, or TQ3 -> FP8 promotion)."""
+    """One direction of conversion (hot -> TQ3 retier, or TQ3 -> hot promotion)."""
 
     batches: int = 0
     pages: int = 0
@@ -26,7 +26,7 @@ class MinimaStats:
     retier: ConversionStats = dataclasses.field(default_factory=ConversionStats)
     promote: ConversionStats = dataclasses.field(default_factory=ConversionStats)
     pressure_retier_pages: int = 0
-    """Pages converted at allocation time because no FP8 page was free (included in retier)."""
+    """Pages converted at allocation time because no hot page was free (included in retier)."""
     route_hot_pages: int = 0
     route_hot_tokens: int = 0
     route_tq3_pages: int = 0

@@ -11,6 +11,7 @@ mapped here holds one reference on its physical page; readers and conversions ad
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -19,9 +20,10 @@ import torch
 
 from sglang_minima.codec.codebook import Codebook, tq3_codebook
 from sglang_minima.codec.fp8 import fp8_quantize
-from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout
+from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout, head_dim_fits, page_size_fits
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
+from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
 from sglang_minima.mem_cache.reader_holds import ReaderHolds
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 def check_page_size(page_size: int) -> None:
     """Refuse a page size that TQ3 pages cannot hold, naming the flag (docs/TQ3P.md, constraints)."""
-    if page_size <= 0 or page_size % CHUNK_TOKENS != 0:
+    if not page_size_fits(page_size):
         raise ValueError(
             f"Minima-KV needs --page-size to be a multiple of {CHUNK_TOKENS}: a TQ3 page holds whole "
             f"{CHUNK_TOKENS}-token tensor-core tiles; got --page-size {page_size}"
@@ -41,7 +43,7 @@ def check_page_size(page_size: int) -> None:
 
 def check_head_dim(head_dim: int) -> None:
     """Refuse a model whose head_dim TQ3 pages cannot hold, naming the model's value."""
-    if head_dim <= 0 or head_dim % HEAD_DIM_MULTIPLE != 0:
+    if not head_dim_fits(head_dim):
         raise ValueError(
             f"Minima-KV needs the model's head_dim to be a multiple of {HEAD_DIM_MULTIPLE}: TQ3 packs each "
             f"head's codes in 96-bit triples of 16 code pairs per lane; this model has head_dim={head_dim}"
@@ -51,6 +53,19 @@ def check_head_dim(head_dim: int) -> None:
 def check_geometry(page_size: int, head_dim: int) -> None:
     check_page_size(page_size)
     check_head_dim(head_dim)
+
+
+def minima_cell_size(
+    config: MinimaConfig, *, num_kv_heads: int, head_dim: int, num_layers: int, page_size: int, model_dtype_bytes: int
+) -> int:
+    """Bytes per logical token, all layers, K+V, metadata and page padding included:
+    fraction * hot + (1 - fraction) * TQ3, rounded up. SGLang sizes the pool with this first, so an
+    unsupported geometry is refused here, before any allocation."""
+    check_geometry(page_size, head_dim)
+    hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
+    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim).page_bytes / page_size
+    fraction = 1.0 if config.disable_stale else config.fp8_page_fraction
+    return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
 
 @dataclass(frozen=True)
@@ -181,7 +196,8 @@ class TieredPageStore:
         self.stats.route_tq3_tokens += tq3_tokens
 
     def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor, decay: float) -> None:
-        """Paper Eq. 6-9: s <- decay * s + (1 - decay) * m / sum(m), over all pages, once per step."""
+        """The page score (docs/ARCHITECTURE.md, Tiers): s <- decay * s + (1 - decay) * m / sum(m) over
+        all pages, once per step, with m the pages' attention mass (layers/attention/page_mass.py)."""
         total = float(mass.sum())
         score = self.page_table.score
         score.mul_(decay)

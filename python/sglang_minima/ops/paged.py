@@ -13,6 +13,7 @@ once before the merge.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator, NamedTuple, Union
 
 import torch
 
@@ -20,7 +21,7 @@ from ..codec.codebook import Codebook
 from ..codec.fp8 import Scale, fp8_dequantize
 from ..codec.layout import TQ3PageLayout
 from ..codec.rotation import LayerRotation
-from ..codec.tq3 import decode_pages
+from ..codec.tq3 import decode_page_keys, decode_pages
 from .dense import attend, causal_mask
 from .merge import merge_attention_states
 
@@ -40,9 +41,20 @@ class HotPagedKV:
     k_scale: Scale = None
     v_scale: Scale = None
 
+    @property
+    def num_items(self) -> int:
+        """What a tile counts here: tokens."""
+        return self.slots.numel()
+
     def load(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.slots[start:end]
         return dequantize_hot(self.k_buffer[idx], self.k_scale), dequantize_hot(self.v_buffer[idx], self.v_scale)
+
+    def load_keys(self, start: int, end: int) -> torch.Tensor:
+        return dequantize_hot(self.k_buffer[self.slots[start:end]], self.k_scale)
+
+    def key_positions(self, start: int, end: int) -> torch.Tensor:
+        return self.positions[start:end]
 
 
 def dequantize_hot(x: torch.Tensor, scale: Scale) -> torch.Tensor:
@@ -63,15 +75,51 @@ class Tq3PagedKV:
     codebook: Codebook
     page_starts: torch.Tensor | None = None  # int64 [m]: position of token 0 of each page (causal)
 
+    @property
+    def num_items(self) -> int:
+        """What a tile counts here: pages."""
+        return self.page_ids.numel()
+
     def load(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoded rotated K, V of pages [start, end) as [tokens, H, D] fp32."""
         k, v = decode_pages(self.buffer[self.page_ids[start:end]], self.layout, self.codebook)
-        h, d = self.layout.num_kv_heads, self.layout.head_dim
-        return k.transpose(1, 2).reshape(-1, h, d), v.transpose(1, 2).reshape(-1, h, d)
+        return self._tokens(k), self._tokens(v)
 
-    def positions(self, start: int, end: int) -> torch.Tensor:
+    def load_keys(self, start: int, end: int) -> torch.Tensor:
+        """Decoded rotated K alone of pages [start, end) as [tokens, H, D] fp32."""
+        return self._tokens(decode_page_keys(self.buffer[self.page_ids[start:end]], self.layout, self.codebook))
+
+    def key_positions(self, start: int, end: int) -> torch.Tensor:
         offs = torch.arange(self.layout.page_size, device=self.page_starts.device)
         return (self.page_starts[start:end].view(-1, 1) + offs).reshape(-1)
+
+    def _tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """[pages, H, P, D] -> [pages * P, H, D]."""
+        return x.transpose(1, 2).reshape(-1, self.layout.num_kv_heads, self.layout.head_dim)
+
+
+PagedKV = Union[HotPagedKV, Tq3PagedKV]
+
+
+class KVTile(NamedTuple):
+    start: int
+    end: int
+    k: torch.Tensor  # [tokens, H, D] fp32
+    v: torch.Tensor | None  # [tokens, H, Dv] fp32, None when only keys were loaded
+    mask: torch.Tensor | None  # bool [T, tokens]: causal mask, None without positions
+
+
+def kv_tiles(
+    kv: PagedKV, tile: int, q_positions: torch.Tensor | None = None, *, values: bool = True
+) -> Iterator[KVTile]:
+    """The one tile loop: items [start, end) of ``tile`` tokens (hot) or pages (TQ3) at a time, their
+    K (and V) and the causal mask against ``q_positions``. Ops and page mass both read through it."""
+    n = kv.num_items
+    for start in range(0, n, tile):
+        end = min(start + tile, n)
+        k, v = kv.load(start, end) if values else (kv.load_keys(start, end), None)
+        mask = None if q_positions is None else causal_mask(q_positions, kv.key_positions(start, end))
+        yield KVTile(start, end, k, v, mask)
 
 
 def _empty_state(q: torch.Tensor, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,12 +143,8 @@ def hot_paged_attention(
     """q [T, Hq, D] (original space) over hot tokens -> (out fp32 [T, Hq, Dv], lse base 2 [T, Hq])."""
     _check_causal(q_positions, kv.positions, "hot_paged_attention")
     out, lse = _empty_state(q, kv.v_buffer.shape[-1])
-    n = kv.slots.numel()
-    for start in range(0, n, tile_tokens):
-        end = min(start + tile_tokens, n)
-        k, v = kv.load(start, end)
-        mask = None if q_positions is None else causal_mask(q_positions, kv.positions[start:end])
-        out, lse = merge_attention_states(out, lse, *attend(q, k, v, sm_scale, mask))
+    for t in kv_tiles(kv, tile_tokens, q_positions):
+        out, lse = merge_attention_states(out, lse, *attend(q, t.k, t.v, sm_scale, t.mask))
     return out, lse
 
 
@@ -115,12 +159,8 @@ def tq3_paged_attention(
     -> (out' fp32 [T, Hq, D] in the ROTATED space, lse base 2 [T, Hq])."""
     _check_causal(q_positions, kv.page_starts, "tq3_paged_attention")
     out, lse = _empty_state(q_rot, kv.layout.head_dim)
-    m = kv.page_ids.numel()
-    for start in range(0, m, tile_pages):
-        end = min(start + tile_pages, m)
-        k, v = kv.load(start, end)
-        mask = None if q_positions is None else causal_mask(q_positions, kv.positions(start, end))
-        out, lse = merge_attention_states(out, lse, *attend(q_rot, k, v, sm_scale, mask))
+    for t in kv_tiles(kv, tile_pages, q_positions):
+        out, lse = merge_attention_states(out, lse, *attend(q_rot, t.k, t.v, sm_scale, t.mask))
     return out, lse
 
 

@@ -213,13 +213,14 @@ class MinimaNativeAttnBackend(AttentionBackend):
             v_scale=pool.v_scale(lid) if fp8 else None,
         )
         q_positions = route.q_positions
+        tq3 = None
         if route.num_tq3_pages == 0:
             out, lse = hot_paged_attention(q, hot, layer.scaling, q_positions)
         else:
             tq3 = Tq3PagedKV(pool.tq3_buffer(lid), route.tq3_pages, pool.layout, pool.codebook, route.tq3_page_starts)
             out, lse = mixed_paged_attention(q, hot, tq3, pool.rotation(lid), layer.scaling, q_positions)
         if self._page_mass:
-            self._add_page_mass(self._page_mass[index], q, route, layer, hot, lse)
+            self._add_page_mass(self._page_mass[index], q, route, layer, hot, tq3, lse)
         return out
 
     def _add_page_mass(
@@ -229,23 +230,18 @@ class MinimaNativeAttnBackend(AttentionBackend):
         route: RequestRoute,
         layer: RadixAttention,
         hot: HotPagedKV,
+        tq3: Tq3PagedKV | None,
         lse: torch.Tensor,
     ) -> None:
         """Add this layer's attention mass per page to ``mass`` (indexed like ``route.logical_pages``:
         the k-th page of a request holds positions k*page_size .. (k+1)*page_size - 1)."""
         pool = self.token_to_kv_pool
         page_size = pool.page_size
-        q_positions = route.q_positions
-        hot_mass = hot_token_mass(
-            q, hot.k_buffer, hot.slots, hot.positions, hot.k_scale, layer.scaling, lse, q_positions
-        )
+        hot_mass = hot_token_mass(q, hot, layer.scaling, lse, route.q_positions)
         mass.index_add_(0, route.hot_positions // page_size, hot_mass)
-        if route.num_tq3_pages:
-            lid = layer.layer_id
-            tq3_mass = tq3_page_mass(
-                pool.rotation(lid).rotate(q, head_axis=-2), pool.tq3_buffer(lid), route.tq3_pages,
-                route.tq3_page_starts, pool.layout, pool.codebook, layer.scaling, lse, q_positions,
-            )
+        if tq3 is not None:
+            q_rot = pool.rotation(layer.layer_id).rotate(q, head_axis=-2)
+            tq3_mass = tq3_page_mass(q_rot, tq3, layer.scaling, lse, route.q_positions)
             mass.index_add_(0, route.tq3_page_starts // page_size, tq3_mass)
 
 

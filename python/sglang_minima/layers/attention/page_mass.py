@@ -1,9 +1,10 @@
-"""Attention mass per KV page (paper Eq. 6-9 input), from the queries and the merged base-2 LSE.
+"""Attention mass per KV page (the input of the page score, docs/ARCHITECTURE.md, Tiers), from the
+queries and the merged base-2 LSE.
 
 The attention ops return (out, LSE) only. Given a request's final LSE, the softmax weight of key j
 for query t, head h is 2^(scale·log2(e)·q·k_j - lse[t, h]); summing it over queries and heads and
 then over the keys of a page gives the page's attention mass. Keys are read again in the same tiles
-as the ops read them (K only, never a dense copy of the cache). Used only when Anchors are chosen by
+as the ops read them (``ops.paged.kv_tiles``, K only, never a dense copy of the cache). Used only when Anchors are chosen by
 attention score.
 """
 
@@ -11,13 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_minima.codec.codebook import Codebook
-from sglang_minima.codec.fp8 import Scale, fp8_dequantize
-from sglang_minima.codec.layout import KEY, TQ3PageLayout
-from sglang_minima.codec.packing import unpack_codes
-from sglang_minima.codec.tq3 import dequantize_keys, page_fields
-from sglang_minima.ops.dense import LOG2E, causal_mask
-from sglang_minima.ops.paged import DEFAULT_TILE_PAGES, DEFAULT_TILE_TOKENS
+from sglang_minima.ops.dense import LOG2E
+from sglang_minima.ops.paged import DEFAULT_TILE_PAGES, DEFAULT_TILE_TOKENS, HotPagedKV, Tq3PagedKV, kv_tiles
 
 
 def _key_mass(
@@ -35,47 +31,30 @@ def _key_mass(
 
 def hot_token_mass(
     q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    k_scale: Scale,
+    hot: HotPagedKV,
     sm_scale: float,
     lse: torch.Tensor,
     q_positions: torch.Tensor,
     tile_tokens: int = DEFAULT_TILE_TOKENS,
 ) -> torch.Tensor:
-    """Attention mass of each hot token (fp32 [n]); ``k_buffer`` uint8 e4m3 (with ``k_scale``) or float."""
-    mass = torch.zeros(slots.numel(), dtype=torch.float32, device=q.device)
-    for start in range(0, slots.numel(), tile_tokens):
-        end = min(start + tile_tokens, slots.numel())
-        k = k_buffer[slots[start:end]]
-        k = fp8_dequantize(k, k_scale) if k.dtype == torch.uint8 else k
-        mass[start:end] = _key_mass(q, k, sm_scale, lse, causal_mask(q_positions, positions[start:end]))
+    """Attention mass of each of ``hot``'s tokens (fp32 [n])."""
+    mass = torch.zeros(hot.num_items, dtype=torch.float32, device=q.device)
+    for t in kv_tiles(hot, tile_tokens, q_positions, values=False):
+        mass[t.start : t.end] = _key_mass(q, t.k, sm_scale, lse, t.mask)
     return mass
 
 
 def tq3_page_mass(
     q_rot: torch.Tensor,
-    buffer: torch.Tensor,
-    page_ids: torch.Tensor,
-    page_starts: torch.Tensor,
-    layout: TQ3PageLayout,
-    codebook: Codebook,
+    tq3: Tq3PagedKV,
     sm_scale: float,
     lse: torch.Tensor,
     q_positions: torch.Tensor,
     tile_pages: int = DEFAULT_TILE_PAGES,
 ) -> torch.Tensor:
-    """Attention mass of each TQ3 page (fp32 [m]); ``q_rot`` is R q (scores are rotation-invariant)."""
-    h, p, d = layout.num_kv_heads, layout.page_size, layout.head_dim
-    offsets = torch.arange(p, device=page_starts.device)
-    mass = torch.zeros(page_ids.numel(), dtype=torch.float32, device=q_rot.device)
-    for start in range(0, page_ids.numel(), tile_pages):
-        end = min(start + tile_pages, page_ids.numel())
-        f = page_fields(buffer[page_ids[start:end]], layout)
-        k = dequantize_keys(unpack_codes(f.k_codes, KEY, p, d), f.k_norm, codebook)  # [n, H, P, D]
-        k = k.transpose(1, 2).reshape(-1, h, d)
-        k_positions = (page_starts[start:end].view(-1, 1) + offsets).reshape(-1)
-        token_mass = _key_mass(q_rot, k, sm_scale, lse, causal_mask(q_positions, k_positions))
-        mass[start:end] = token_mass.view(end - start, p).sum(-1)
+    """Attention mass of each of ``tq3``'s pages (fp32 [m]); ``q_rot`` is R q (scores are rotation-invariant)."""
+    mass = torch.zeros(tq3.num_items, dtype=torch.float32, device=q_rot.device)
+    for t in kv_tiles(tq3, tile_pages, q_positions, values=False):
+        token_mass = _key_mass(q_rot, t.k, sm_scale, lse, t.mask)
+        mass[t.start : t.end] = token_mass.view(t.end - t.start, tq3.layout.page_size).sum(-1)
     return mass

@@ -17,8 +17,8 @@ from sglang_minima.codec.layout import fp8_page_bytes
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_RECENT
 from sglang_minima.mem_cache.tier_store import TieredPageStore
 
-TIERS = ("recent", "anchor", "fp8_other", "stale")
-"""fp8_other: FP8 pages not Recent/Anchor (cached prefixes and pages waiting for their retier)."""
+TIERS = ("recent", "anchor", "hot_other", "stale")
+"""hot_other: hot pages not Recent/Anchor (cached prefixes and pages waiting for their retier)."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,9 @@ class MemoryReport:
     def rows(self) -> dict[str, TierUsage]:
         return {
             **self.tiers,
-            "held_fp8": self.held_hot,
+            "held_hot": self.held_hot,
             "held_tq3": self.held_tq3,
-            "free_fp8": self.free_hot,
+            "free_hot": self.free_hot,
             "free_tq3": self.free_tq3,
             "padding": self.padding_pages,
         }
@@ -107,7 +107,7 @@ def memory_report(store: TieredPageStore) -> MemoryReport:
     tiers = {
         "recent": TierUsage.of(recent, hot, layers),
         "anchor": TierUsage.of(anchor, hot, layers),
-        "fp8_other": TierUsage.of(mapped_hot - recent - anchor, hot, layers),
+        "hot_other": TierUsage.of(mapped_hot - recent - anchor, hot, layers),
         "stale": TierUsage.of(mapped_tq3, tq3, layers),
     }
     padding = TierUsage.of(1, hot, layers)

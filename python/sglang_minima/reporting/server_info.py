@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
-from sglang_minima.mem_cache.memory_report import memory_report
+from sglang_minima.reporting.memory_report import memory_report
 
 
 def minima_server_info(scheduler) -> dict[str, Any]:
@@ -19,7 +19,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
         "active": True,
         "pool": {
             "logical_pages": shape.num_logical_pages,
-            "fp8_pages": shape.num_hot_pages,
+            "hot_pages": shape.num_hot_pages,
             "tq3_pages": shape.num_tq3_pages,
             "page_size": shape.page_size,
             "num_layers": shape.num_layers,

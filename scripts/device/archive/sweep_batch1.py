@@ -2,7 +2,7 @@
 deeper copy rings (more bytes in flight per warp), fewer warps, split counts x 0.5 / 1 / 2. CUDA-graph
 medians in microseconds.
 
-    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/sweep_batch1.py out.json
+    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/archive/sweep_batch1.py out.json
 """
 
 import json

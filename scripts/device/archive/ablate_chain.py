@@ -1,7 +1,7 @@
 """Which launch sets the mixed decode's time: the mixed decode with one of its parts left out (outputs
 wrong, timing only), and each part alone, CUDA-graph medians in microseconds. 75% Stale, page 64.
 
-    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/ablate_chain.py out.json [GEOM:B:CTX ...]
+    PYTHONPATH=kernels:python:benchmark/kernels python3 scripts/device/archive/ablate_chain.py out.json [GEOM:B:CTX ...]
 """
 
 import json

@@ -4,12 +4,13 @@ Gauges use ``multiprocess_mode="mostrecent"`` like SGLang's scheduler gauges; cu
 Counters fed with the increase since the last update. Names:
 
 - ``sglang:minima_pages{tier}`` and ``sglang:minima_bytes{tier,kind}`` (kind payload/metadata/padding)
-  for tier in recent, anchor, fp8_other, stale, held_fp8, held_tq3, free_fp8, free_tq3, padding
+  for tier in recent, anchor, hot_other, stale, held_hot, held_tq3, free_hot, free_tq3, padding
 - ``sglang:minima_live_tokens``, ``sglang:minima_bytes_per_live_token``, ``sglang:minima_dense_shadow_bytes``
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
   ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
-  (direction retier = FP8 -> TQ3, promote = TQ3 -> FP8), ``sglang:minima_pressure_retier_pages_total``
-- ``sglang:minima_route_pages_total{format}``, ``sglang:minima_route_tokens_total{format}`` (format fp8/tq3)
+  (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total``
+- ``sglang:minima_route_pages_total{format}``, ``sglang:minima_route_tokens_total{format}`` (format hot/tq3;
+  hot is FP8 e4m3, or the model dtype with ``--minima-hot-dtype auto``)
 - ``sglang:minima_fallbacks_total``, ``sglang:minima_prefix_hit_pages_total{format}``
 """
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_minima.mem_cache.memory_report import MemoryReport
 from sglang_minima.mem_cache.stats import MinimaStats
+from sglang_minima.mem_cache.tier_store import TieredPageStore
+from sglang_minima.reporting.memory_report import MemoryReport, memory_report
 
 _metrics: MinimaMetrics | None = None
 
@@ -77,12 +79,16 @@ class MinimaMetrics:
         self.conversion_pages = counter("conversion_pages", "Pages converted.", ("direction",))
         self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
         self.conversion_failed_pages = counter("conversion_failed_pages", "Pages whose conversion failed.", ("direction",))
-        self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no FP8 page was free.")
+        self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no hot page was free.")
         self.route_pages = counter("route_pages", "Pages attended per format.", ("format",))
         self.route_tokens = counter("route_tokens", "Tokens attended per format.", ("format",))
         self.fallbacks = counter("fallbacks", "Attention calls off the direct per-format path (0).")
         self.prefix_hit_pages = counter("prefix_hit_pages", "Prefix-cache hit pages by format.", ("format",))
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
+
+    def report(self, store: TieredPageStore) -> None:
+        """Update every metric from the store (the radix cache calls this after each step)."""
+        self.update(memory_report(store), store.stats)
 
     def update(self, report: MemoryReport, stats: MinimaStats) -> None:
         for tier, usage in report.rows().items():
@@ -99,7 +105,7 @@ class MinimaMetrics:
             self._advance(self.conversion_failed_pages, conv.failed_pages, direction=direction)
         self._advance(self.pressure_retier_pages, stats.pressure_retier_pages)
         for fmt, pages, tokens, hits in (
-            ("fp8", stats.route_hot_pages, stats.route_hot_tokens, stats.prefix_hit_hot_pages),
+            ("hot", stats.route_hot_pages, stats.route_hot_tokens, stats.prefix_hit_hot_pages),
             ("tq3", stats.route_tq3_pages, stats.route_tq3_tokens, stats.prefix_hit_tq3_pages),
         ):
             self._advance(self.route_pages, pages, format=fmt)

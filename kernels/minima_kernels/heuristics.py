@@ -1,0 +1,253 @@
+"""Every tuning rule of the decode in one place, pure Python (no tilelang, no GPU): the kernels'
+builds (``tile_config``, ``fp8_tile_config``, ``fused_build_of``), the split counts
+(``choose_num_splits``, ``choose_fp8_splits``, ``choose_mixed_splits``) and the path choice of
+``MinimaDecodeWrapper`` (``choose_path``: fused, two-launch with the TileLang FP8 decode, or with
+FlashInfer's). The constants were measured on the H200 (docs/results/kernels.md); the SM count is
+an argument, read from the device by ``device_sm_count`` (132 on the H200 the rules were tuned on).
+test/kernels/test_heuristics.py checks them on CPU.
+"""
+
+from dataclasses import dataclass
+
+from sglang_minima.codec.layout import CHUNK_TOKENS
+
+from .common import FP8_HEADS_PER_TILE, MAX_SPLITS, TWO_PAGE_STEP_MAX_HEAD_DIM
+
+WARPS = 4  # the TQ3 decode's default build
+STEP_CHUNKS = 2  # 16-token chunks per online-softmax step
+FP8_STEP_CHUNKS = 1  # 16-token chunks per softmax step of the FP8 role (an FP8 chunk is 2.6x a TQ3 one)
+NUM_SMS_H200 = 132  # the GPU the constants below were measured on
+MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
+FP8_KERNELS = ("auto", "flashinfer", "tilelang", "fused")
+# "auto": the TileLang FP8 decode up to this many FP8 page slots (pages x page size, per kv head) in
+# the batch, by head dim (H200, both kernels side by side: docs/results/kernels.md; between the last
+# shape the TileLang kernel won and the first FlashInfer won); other head dims: the smallest
+TILELANG_FP8_MAX_TOKENS = {64: 32768, 128: 8192, 256: 16384}
+TILELANG_FP8_PAGE_SIZES = (16, 32, 64)  # built and tested (larger pages: more shared memory than an SM has at head dim 256)
+FP8_CTAS_PER_SM = 1  # the TileLang FP8 decode's splits: about this many CTAs per SM in all (1 beat 2)
+FP8_MIN_PAGES_PER_SPLIT = 2
+# "fused": the time of one FP8 chunk (16 tokens of one kv head) over a TQ3 chunk's in the one grid,
+# which shares the splits between the formats
+FUSED_FP8_CHUNK_WEIGHT = 1.0
+# "auto": where the fused grid takes several waves (batch 32 on the H200), its equal-work TQ3 splits
+# must hold at least this many pages; shorter ones lost to the two-launch path (batch 32 x 4K at 90%
+# Stale: 119.1 / 94.8 us against 67.4 / 73.9 us for head dims 256 / 128, docs/results/kernels.md)
+FUSED_MULTI_WAVE_MIN_PAGES = 16
+TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
+
+
+def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
+    """Compute threads per CTA (TileLang adds a producer warp group for the copies: a warp per 16
+    tokens of the page, up to 4; GEMM 1 splits the page's tokens over the warps, at least 16 each),
+    pipeline stages, and pages per step: 2 for splits of at least TWO_PAGE_STEP_MIN_PAGES pages at head
+    dims up to 128, where the per-step latency sets the time (H200, the FP8 part alone: 9q/3kv/64
+    batch 8 x 32K 33.0 -> 27.8 us, 32q/8kv/128 batch 1 x 128K 51.1 -> 44.1 us); shorter splits lose a
+    half step at their end (9q/3kv/64 batch 1 x 32K, 3 pages per split: 10.6 -> 11.6 us)."""
+    two = head_dim <= TWO_PAGE_STEP_MAX_HEAD_DIM and pages_per_split >= TWO_PAGE_STEP_MIN_PAGES
+    return {"threads": 32 * max(1, min(4, page_size // 16)), "stages": 2, "pages_per_step": 2 if two else 1}
+
+
+def device_sm_count(device) -> int:
+    """The streaming multiprocessors of a CUDA device: what one wave of CTAs is counted in."""
+    import torch  # here: the rules themselves need no torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int | None = None) -> dict[str, int]:
+    """Build options for a (GQA group, page size, head dim, batch size): warps per CTA, resident CTAs
+    per SM and chunks per softmax step, as measured best on the H200 (docs/results/kernels.md). The main
+    loop is latency-bound, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2
+    CTAs at ~128 registers; 4 x 4 at head dim 64, where 8-warp CTAs were slower), 12 at head dim 256
+    (twice the accumulators: 168 registers, no spills; 16 warps spill). Steps of 2 chunks (4 at head
+    dim 64, where per-step costs weigh most and registers allow: 120).
+
+    A single request (``batch`` 1) is different: the TQ3 grid then has about one CTA per SM and runs
+    beside the FP8 decode's, and a TQ3 build that takes every register of an SM makes the two kernels
+    take turns. 8 warps per SM (head dims 256 and 64) leave registers for the FP8 decode's CTAs: 24q/4kv/256
+    x 128K 81.8 -> 76.6 us, 9q/3kv/64 x 32K 26.0 -> 24.4 us; head dim 128 was slower with 8 (39.3 -> 43.3 us)."""
+    del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
+    if head_dim >= 256:
+        return {"warps": 8 if batch == 1 else 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}
+    if head_dim >= 128:
+        return {"warps": 8, "min_blocks": 2, "step_chunks": STEP_CHUNKS}
+    if batch == 1:
+        return {"warps": 8, "min_blocks": 1, "step_chunks": 2 * STEP_CHUNKS}
+    return {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
+
+
+def tilelang_fp8_preferred(fp8_slots: int, head_dim: int) -> bool:
+    """The two-launch path's "auto": the TileLang FP8 decode (rather than FlashInfer) for a batch of
+    this many FP8 page slots (pages x page size, per kv head)."""
+    return fp8_slots <= TILELANG_FP8_MAX_TOKENS.get(head_dim, min(TILELANG_FP8_MAX_TOKENS.values()))
+
+
+def slots_per_pair(batch: int, num_kv_heads: int, build: dict[str, int], num_sms: int = NUM_SMS_H200) -> int:
+    """Resident CTA slots of the build in one wave of the GPU, per (request, kv head) pair."""
+    return build["min_blocks"] * num_sms // (batch * num_kv_heads)
+
+
+def choose_num_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_pages: int,
+    page_size: int,
+    head_dim: int,
+    num_sms: int = NUM_SMS_H200,
+    build: dict[str, int] | None = None,
+) -> int:
+    """Splits per (request, kv head) so that batch * kv_heads * splits CTAs fit the GPU's resident CTA
+    slots in one wave (a second, partial wave would leave most SMs idle while it runs), with at least
+    MIN_CHUNKS_PER_WARP chunks per warp in each split. ``build``: the kernel's warps and resident CTAs
+    per SM (default: tile_config's for this batch size)."""
+    build = build or tile_config(0, page_size, head_dim, batch)
+    want = slots_per_pair(batch, num_kv_heads, build, num_sms)
+    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
+    return max(1, min(want, max_pages // min_pages))
+
+
+def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: int = NUM_SMS_H200) -> int:
+    """Splits per (request, kv head) of the TileLang FP8 decode: about FP8_CTAS_PER_SM CTAs per SM,
+    with at least FP8_MIN_PAGES_PER_SPLIT pages per split."""
+    want = FP8_CTAS_PER_SM * num_sms // (batch * num_kv_heads)
+    return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
+
+
+def choose_mixed_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_tq3_pages: int,
+    max_fp8_pages: int,
+    page_size: int,
+    build: dict[str, int],
+    fp8_weight: float = FUSED_FP8_CHUNK_WEIGHT,
+    num_sms: int = NUM_SMS_H200,
+) -> tuple[int, int]:
+    """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``: together the CTAs
+    of one wave of the build's resident slots, shared in proportion to each format's work (an FP8
+    chunk weighs ``fp8_weight`` TQ3 chunks). Where the (request, kv head) pairs leave fewer than two
+    slots each, the grid takes several waves anyway: then splits of about equal work (one FP8 split,
+    the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each split has at
+    least MIN_CHUNKS_PER_WARP chunks per warp."""
+    slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
+    tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
+    if slots >= 2:
+        tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
+        fp8 = slots - tq3
+    else:
+        tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
+    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
+    return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(fp8, max_fp8_pages // min_pages))
+
+
+def fused_fits(
+    batch: int,
+    num_kv_heads: int,
+    max_tq3_pages: int,
+    max_fp8_pages: int,
+    page_size: int,
+    build: dict[str, int],
+    num_sms: int = NUM_SMS_H200,
+) -> bool:
+    """Whether "auto" takes the fused decode for this batch: unless its grid takes several waves
+    (fewer than 2 resident slots per (request, kv head)) of TQ3 splits under FUSED_MULTI_WAVE_MIN_PAGES."""
+    if slots_per_pair(batch, num_kv_heads, build, num_sms) >= 2:
+        return True
+    tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, build, num_sms=num_sms)
+    return max_tq3_pages >= FUSED_MULTI_WAVE_MIN_PAGES * tq3_splits
+
+
+def fused_build_of(tq3_build: dict[str, int], page_size: int) -> dict[str, int]:
+    """``mixed_decode_kernel``'s build: the TQ3 decode's, its FP8 role taking steps of FP8_STEP_CHUNKS
+    chunks (at most a page)."""
+    return {**tq3_build, "fp8_step_chunks": min(FP8_STEP_CHUNKS, page_size // CHUNK_TOKENS)}
+
+
+def tilelang_fp8_applies(group_size: int, fp8_page_size: int) -> bool:
+    """Whether the TileLang FP8 decode takes this GQA group and FP8 page size."""
+    return group_size <= FP8_HEADS_PER_TILE and fp8_page_size in TILELANG_FP8_PAGE_SIZES
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """How one batch is decoded: the fused grid, or the two-launch path with the TileLang FP8 decode
+    or (neither flag) FlashInfer's over the FP8 pages; split counts per (request, kv head), 0 where a
+    part is absent (FlashInfer plans its own splits)."""
+
+    fused: bool
+    tilelang_fp8: bool
+    tq3_splits: int
+    fp8_splits: int
+
+    @property
+    def fp8_parts(self) -> bool:
+        """The FP8 part gives split partials (the TileLang FP8 decode's or the fused grid's)."""
+        return self.fused or self.tilelang_fp8
+
+
+def choose_path(
+    fp8_kernel: str,
+    *,
+    batch: int,
+    num_kv_heads: int,
+    group_size: int,
+    head_dim: int,
+    page_size: int,
+    fp8_page_size: int,
+    num_fp8_pages: int,
+    max_fp8_pages: int,
+    max_tq3_pages: int,
+    tq3_build: dict[str, int] | None,
+    num_splits: int | None = None,
+    num_fp8_splits: int | None = None,
+    num_sms: int = NUM_SMS_H200,
+) -> DecodePath:
+    """``MinimaDecodeWrapper.plan``'s choice for a batch with ``num_fp8_pages`` FP8 pages in all (the
+    longest request: ``max_fp8_pages`` / ``max_tq3_pages``). ``fp8_kernel`` "auto": the fused decode
+    where it applies (FP8 pages of the TQ3 page size) unless its grid would take several waves of
+    short TQ3 splits (``fused_fits``); else the TileLang FP8 decode or FlashInfer by the batch's FP8
+    page slots (``tilelang_fp8_preferred``). ``num_splits`` / ``num_fp8_splits`` override the split
+    counts. Raises ValueError for a choice that does not apply or splits the combine cannot take."""
+    if fp8_kernel not in FP8_KERNELS:
+        raise ValueError(f"fp8_kernel={fp8_kernel!r}: one of {FP8_KERNELS}")
+    tilelang_ok = tilelang_fp8_applies(group_size, fp8_page_size)
+    if fp8_kernel == "fused" and fp8_page_size != page_size:
+        raise ValueError(f"fp8_kernel='fused' takes FP8 pages of the TQ3 page size {page_size}, got {fp8_page_size}")
+    if fp8_kernel == "tilelang" and not tilelang_ok:
+        raise ValueError(
+            f"fp8_kernel='tilelang' takes GQA groups of at most {FP8_HEADS_PER_TILE} query heads and FP8 pages of "
+            f"{TILELANG_FP8_PAGE_SIZES} tokens, got group {group_size}, page {fp8_page_size}"
+        )
+    has_fp8, has_tq3 = num_fp8_pages > 0, tq3_build is not None
+    use_fused = has_fp8 and has_tq3 and (
+        fp8_kernel == "fused"
+        or (
+            fp8_kernel == "auto"
+            and fp8_page_size == page_size
+            and fused_fits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms)
+        )
+    )
+    use_tilelang = (
+        has_fp8
+        and has_tq3
+        and not use_fused
+        and tilelang_ok
+        and (fp8_kernel == "tilelang" or (fp8_kernel == "auto" and tilelang_fp8_preferred(num_fp8_pages * fp8_page_size, head_dim)))
+    )
+    if use_fused:
+        tq3_splits, fp8_splits = choose_mixed_splits(
+            batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms=num_sms
+        )
+        tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
+    else:
+        fp8_splits = (num_fp8_splits or choose_fp8_splits(batch, num_kv_heads, max_fp8_pages, num_sms)) if use_tilelang else 0
+        tq3_splits = (
+            (num_splits or choose_num_splits(batch, num_kv_heads, max_tq3_pages, page_size, head_dim, num_sms, tq3_build))
+            if has_tq3
+            else 0
+        )
+    path = DecodePath(use_fused, use_tilelang, tq3_splits, fp8_splits)
+    for name, splits, used in (("num_fp8_splits", fp8_splits, path.fp8_parts), ("num_splits", tq3_splits, has_tq3)):
+        if used and not 1 <= splits <= MAX_SPLITS:
+            raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
+    return path

@@ -1,0 +1,136 @@
+"""minima_kernels.heuristics on CPU: the builds, split counts and path choice against the choices the
+H200 measurements made (docs/results/kernels.md), their SM count taken from the device, and no
+tilelang or flashinfer needed to import them."""
+
+from types import SimpleNamespace
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,max_pages,splits",
+    [
+        (1, 4, 128, 33),  # one CTA per SM: 132 SMs / 4 (request, kv head) pairs
+        (1, 3, 512, 44),
+        (8, 3, 128, 5),
+        (8, 8, 128, 2),
+        (2, 8, 4, 2),  # at least 2 pages per split
+    ],
+)
+def test_fp8_splits(batch: int, kv_heads: int, max_pages: int, splits: int) -> None:
+    from minima_kernels.heuristics import choose_fp8_splits
+
+    assert choose_fp8_splits(batch, kv_heads, max_pages) == splits
+
+
+@pytest.mark.parametrize(
+    "head_dim,pages_per_split,pages_per_step",
+    [(64, 24, 2), (128, 16, 2), (128, 8, 2), (64, 7, 1), (64, 6, 1), (256, 32, 1)],
+)
+def test_fp8_pages_per_step(head_dim: int, pages_per_split: int, pages_per_step: int) -> None:
+    from minima_kernels.heuristics import fp8_tile_config
+
+    build = fp8_tile_config(64, head_dim, pages_per_split)
+    assert build == {"threads": 128, "stages": 2, "pages_per_step": pages_per_step}
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,tq3_pages,fp8_pages,head_dim,splits",
+    [
+        (1, 4, 384, 128, 256, (25, 8)),  # one wave of 132 slots / 4 heads = 33, shared 3:1 as the pages
+        (1, 3, 1536, 512, 64, (33, 11)),  # 8 warps x 1 CTA at batch 1: 44 slots per kv head
+        (8, 3, 384, 128, 64, (16, 6)),  # 4 CTAs x 4 warps: 22 slots per (request, kv head)
+        (32, 8, 1536, 512, 128, (3, 1)),  # fewer than 2 slots per pair: several waves of equal-work splits
+        (1, 4, 2, 2, 256, (1, 1)),  # at least 2 chunks per warp
+    ],
+)
+def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int, head_dim: int, splits: tuple) -> None:
+    from minima_kernels.heuristics import tile_config
+    from minima_kernels.heuristics import choose_mixed_splits
+
+    build = tile_config(0, 64, head_dim, batch)
+    assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, build) == splits
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,tq3_pages,fp8_pages,head_dim,fits",
+    [
+        (1, 4, 384, 128, 256, True),  # one wave: always fused
+        (8, 8, 1536, 512, 128, True),
+        (32, 4, 58, 6, 256, False),  # batch 32 x 4K, 90% Stale: 9 TQ3 splits of 6-7 pages over several waves
+        (32, 8, 58, 6, 128, False),
+        (32, 4, 48, 16, 256, True),  # x 4K, 75%: 3 splits of 16 pages
+        (32, 4, 461, 51, 256, True),  # x 32K, 90%: 9 splits of 51 pages
+    ],
+)
+def test_auto_takes_the_fused_decode(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int, head_dim: int, fits: bool) -> None:
+    from minima_kernels.heuristics import tile_config
+    from minima_kernels.heuristics import fused_fits
+
+    build = tile_config(0, 64, head_dim, batch)
+    assert fused_fits(batch, kv_heads, tq3_pages, fp8_pages, 64, build) == fits
+
+
+def test_imports_without_tilelang_or_flashinfer() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, minima_kernels.heuristics; assert not {'tilelang', 'flashinfer'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_sm_count_comes_from_the_device(monkeypatch) -> None:
+    import torch
+    from minima_kernels.heuristics import choose_fp8_splits, choose_num_splits, device_sm_count
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=66))
+    sms = device_sm_count("cuda:0")
+    assert sms == 66
+    assert choose_fp8_splits(1, 4, 128, num_sms=sms) == 16  # half the H200's 33: one CTA per SM
+    assert choose_num_splits(1, 4, 4096, 64, 256, num_sms=sms) == 2 * choose_num_splits(1, 4, 4096, 64, 256, num_sms=33)
+
+
+def _path(fp8_kernel: str = "auto", **kw):
+    from minima_kernels.heuristics import choose_path, tile_config
+
+    geometry = dict(batch=1, num_kv_heads=4, group_size=6, head_dim=256, page_size=64, fp8_page_size=64,
+                    num_fp8_pages=128, max_fp8_pages=128, max_tq3_pages=384)
+    geometry.update(kw)
+    tq3 = geometry.pop("tq3", True)
+    build = tile_config(geometry["group_size"], geometry["page_size"], geometry["head_dim"], geometry["batch"]) if tq3 else None
+    return choose_path(fp8_kernel, tq3_build=build, **geometry)
+
+
+def test_auto_path_choice() -> None:
+    from minima_kernels.heuristics import DecodePath
+
+    # one wave at batch 1: fused, its splits from choose_mixed_splits (test_fused_splits' first row)
+    assert _path() == DecodePath(fused=True, tilelang_fp8=False, tq3_splits=25, fp8_splits=8)
+    # FP8 pages of another size: the two-launch path, the TileLang FP8 decode for few FP8 slots ...
+    two = _path(fp8_page_size=32, num_fp8_pages=16, max_fp8_pages=16)
+    assert not two.fused and two.tilelang_fp8 and two.fp8_parts and two.fp8_splits >= 1
+    # ... FlashInfer's above TILELANG_FP8_MAX_TOKENS (16384 slots at head dim 256)
+    many = _path(fp8_page_size=32, num_fp8_pages=1024, max_fp8_pages=1024)
+    assert not many.fused and not many.tilelang_fp8 and many.fp8_splits == 0 and many.tq3_splits >= 1
+    # several waves of short TQ3 splits (batch 32 x 4K, 90% Stale): the two-launch path
+    assert not _path(batch=32, num_fp8_pages=32 * 6, max_fp8_pages=6, max_tq3_pages=58).fused
+    # no TQ3 pages: FlashInfer's decode alone; no FP8 pages: the TQ3 decode alone
+    assert _path(tq3=False, max_tq3_pages=0) == DecodePath(False, False, 0, 0)
+    alone = _path(num_fp8_pages=0, max_fp8_pages=0)
+    assert not alone.fp8_parts and alone.tq3_splits >= 1
+
+
+def test_forced_paths_and_overrides() -> None:
+    assert _path("tilelang").tilelang_fp8 and not _path("tilelang").fused
+    flash = _path("flashinfer")
+    assert not flash.fused and not flash.tilelang_fp8
+    assert _path("fused", num_splits=7, num_fp8_splits=3).tq3_splits == 7
+    assert _path("fused", num_splits=7, num_fp8_splits=3).fp8_splits == 3
+    with pytest.raises(ValueError, match="TQ3 page size 64, got 32"):
+        _path("fused", fp8_page_size=32)
+    with pytest.raises(ValueError, match="at most 16 query heads"):
+        _path("tilelang", group_size=24)
+    with pytest.raises(ValueError, match="num_splits=2000: the split combine takes 1 to 1024"):
+        _path("flashinfer", num_splits=2000)
+    with pytest.raises(ValueError, match="fp8_kernel='fast'"):
+        _path("fast")
