@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> dict:
     from sglang_minima.cpu_engine import setup_cpu_engine
     from sglang_minima.models import ensure_default_model
 
-    if args.device == "cpu":
-        setup_cpu_engine()  # the plain SGLang arms inherit the CPU engine setup
+    if args.device == "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        setup_cpu_engine()  # the plain SGLang arms inherit the CPU engine setup (pytest's conftest did it)
     args.model_path = ensure_default_model()
     args.out.mkdir(parents=True, exist_ok=True)
     examples = [ex for task in args.tasks for length in args.lengths

@@ -46,6 +46,7 @@ from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space  # noqa: E402
 from sglang_minima.models import default_model_dir  # noqa: E402
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
+from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
 
 KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer")
 
@@ -71,9 +72,13 @@ class KVState:
 
     kv_mode: str = "fp8"
     converted: set[int] = field(default_factory=set)
-    tq3_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    tq3_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     trace_local: bool = False
     local_err: dict[int, float] = field(default_factory=dict)
+    check_ops: bool = False
+    ops_max_abs: float = 0.0
+    ops_max_rel: float = 0.0
+    ops_calls: int = 0
 
 
 class MinimaEmulation:
@@ -98,7 +103,9 @@ class MinimaEmulation:
 
     # ------------------------------------------------------------------ attention
 
-    def _tq3_page(self, layer: int, page: int, k8: torch.Tensor, v8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tq3_page(self, layer: int, page: int, k8: torch.Tensor, v8: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, V) of one page after the TQ3 round trip, original space [P, H, D], and its TQ3P bytes."""
         key = (layer, page)
         hit = self.state.tq3_cache.get(key)
         if hit is None:
@@ -109,7 +116,8 @@ class MinimaEmulation:
             enc = encode_pages(kp, vp, self.layout, self.rotations[layer], self.codebook, k_scale=1.0, v_scale=1.0)
             k_rot, v_rot = decode_pages(enc, self.layout, self.codebook)
             rot = self.rotations[layer]
-            hit = (to_original_space(k_rot, rot)[0].permute(1, 0, 2), to_original_space(v_rot, rot)[0].permute(1, 0, 2))
+            hit = (to_original_space(k_rot, rot)[0].permute(1, 0, 2), to_original_space(v_rot, rot)[0].permute(1, 0, 2),
+                   enc[0])
             self.state.tq3_cache[key] = hit
         return hit
 
@@ -125,18 +133,41 @@ class MinimaEmulation:
         k_t, v_t = k.clone(), v.clone()
         ps = self.tiers.page_size
         for page in sorted(st.converted):
-            kq, vq = self._tq3_page(layer, page, k8, v8)
+            kq, vq, _ = self._tq3_page(layer, page, k8, v8)
             rows = slice(page * ps, (page + 1) * ps)
             if st.kv_mode in ("tq3", "tq3k", "defer"):
                 k_t[rows] = kq
             if st.kv_mode in ("tq3", "tq3v", "defer"):
                 v_t[rows] = vq
         out, _ = attend(q, k_t, v_t, scaling, mask)
+        if st.check_ops and st.converted and st.kv_mode in ("tq3", "defer"):
+            self._check_ops(layer, q, k8, v8, scaling, out)
         if st.trace_local and st.converted:
             ref, _ = attend(q, k, v, scaling, mask)
             err = float((out[-1] - ref[-1]).norm() / ref[-1].norm())
             st.local_err[layer] = err
         return out.unsqueeze(0).to(query.dtype), None
+
+    def _check_ops(self, layer: int, q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scaling: float,
+                   want: torch.Tensor) -> None:
+        """The serving op (sglang_minima.ops.paged, as minima_native calls it in extend and decode)
+        over FP8 slots and TQ3P pages vs the dense reference ``want`` over the decoded cache."""
+        st, ps = self.state, self.tiers.page_size
+        n, t = k8.shape[0], q.shape[0]
+        pages = sorted(st.converted)
+        positions = torch.arange(n)
+        on_tq3 = torch.zeros(n, dtype=torch.bool)
+        for page in pages:
+            on_tq3[page * ps : (page + 1) * ps] = True
+        hot = HotPagedKV(k8, v8, positions[~on_tq3], positions[~on_tq3], k_scale=1.0, v_scale=1.0)
+        buf = torch.stack([self._tq3_page(layer, p, k8, v8)[2] for p in pages])
+        tq3 = Tq3PagedKV(buf, torch.arange(len(pages)), self.layout, self.codebook,
+                         torch.tensor(pages, dtype=torch.int64) * ps)
+        got, _ = mixed_paged_attention(q, hot, tq3, self.rotations[layer], scaling, torch.arange(n - t, n))
+        err = (got - want).abs().max()
+        st.ops_max_abs = max(st.ops_max_abs, float(err))
+        st.ops_max_rel = max(st.ops_max_rel, float(err / want.abs().max()))
+        st.ops_calls += 1
 
     # ------------------------------------------------------------------ requests
 
@@ -148,12 +179,12 @@ class MinimaEmulation:
 
     @torch.no_grad()
     def run(self, prompt: str, kv_mode: str, chunk: int | None, max_new_tokens: int,
-            trace: bool = False) -> tuple[str, list[torch.Tensor], dict[int, float]]:
+            trace: bool = False, check_ops: bool = False) -> tuple[str, list[torch.Tensor], dict[int, float]]:
         """Greedy answer; with ``trace`` also the last prompt token's hidden state per layer and the
         local attention error per layer in the last prefill chunk."""
         from transformers import DynamicCache
 
-        self.state = KVState(kv_mode=kv_mode)
+        self.state = KVState(kv_mode=kv_mode, check_ops=check_ops)
         ids = self.tok(prompt, return_tensors="pt").input_ids
         n = ids.shape[1]
         chunk = chunk or n
@@ -198,6 +229,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--recent-pages", type=int, default=4)
     ap.add_argument("--sink-pages", type=int, default=1)
+    ap.add_argument("--check-ops", action="store_true",
+                    help="also run the serving op (ops.paged.mixed_paged_attention) on every call that "
+                         "reads TQ3 pages and report its largest deviation from the dense reference")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every answer and trace")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -209,14 +243,18 @@ def main() -> None:
             raise SystemExit(f"--tasks: unknown task {task!r}")
         examples += generate(task, args.length, args.n, default_model_dir())
     modes = [m for m in args.modes.split(",")]
-    results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": []} for m in modes}
+    results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": []}
+                                for m in modes}
     t0 = time.time()
     for ex in tqdm(examples, desc="examples"):
         hidden_ref: dict[int | None, list[torch.Tensor]] = {}
         for mode in modes:
             kv, chunk = parse_mode(mode)
-            answer, hidden, local = emu.run(ex.prompt, kv, chunk, args.max_new_tokens, trace=True)
+            answer, hidden, local = emu.run(ex.prompt, kv, chunk, args.max_new_tokens, trace=True,
+                                            check_ops=args.check_ops)
             r = results[mode]
+            st = emu.state
+            r["ops"].append({"calls": st.ops_calls, "max_abs": st.ops_max_abs, "max_rel": st.ops_max_rel})
             r["scores"].append(string_match_all(answer, ex.outputs))
             r["answers"].append(answer)
             r["local_err"].append([local.get(i, 0.0) for i in range(len(hidden) - 1)])
@@ -236,7 +274,16 @@ def main() -> None:
             "hidden_err_by_layer": mean_err,
             "local_attn_err_by_layer": local,
         }
-        print(f"{mode:>10}: RULER {summary[mode]['score']:6.2f} over {len(r['scores'])} examples")
+        ops = [o for o in r["ops"] if o["calls"]]
+        summary[mode]["ops_check"] = {
+            "calls": sum(o["calls"] for o in ops),
+            "max_abs": max((o["max_abs"] for o in ops), default=0.0),
+            "max_rel": max((o["max_rel"] for o in ops), default=0.0),
+        }
+        print(f"{mode:>10}: RULER {summary[mode]['score']:6.2f} over {len(r['scores'])} examples"
+              + (f"; serving op vs dense reference over {summary[mode]['ops_check']['calls']} attention calls: "
+                 f"max |diff| {summary[mode]['ops_check']['max_abs']:.2e} "
+                 f"(rel. {summary[mode]['ops_check']['max_rel']:.2e})" if ops else ""))
     print("\nlayer  " + "  ".join(f"{m:>16}" for m in modes))
     nl = len(next(iter(summary.values()))["local_attn_err_by_layer"])
     for layer in range(nl):
