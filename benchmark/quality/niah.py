@@ -132,7 +132,8 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
     path = args.out / "answers" / f"{run.label}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {json.loads(line)["key"] for line in path.read_text().splitlines()} if path.exists() else set()
-    todo = [ex for ex in examples if ex.key not in done]
+    # Index-major, so a run stopped early (and resumed later) has covered every task and length evenly.
+    todo = sorted((ex for ex in examples if ex.key not in done), key=lambda ex: (ex.index, ex.length))
     if not todo:
         return
     server = None
