@@ -49,6 +49,11 @@ class MinimaConfig:
     disable_stale: bool = _option(
         False, "Never convert pages to TQ3 (every page stays in the hot format)."
     )
+    defer_prefill_conversion: bool = _option(
+        False,
+        "Keep a request's own pages FP8 until its prefill has ended, so later prefill chunks never read "
+        "its prompt's TQ3 pages; they are still converted when an allocation finds no free FP8 page.",
+    )
     retier_batch_pages: int = _option(
         64, "Most pages converted (or promoted) in one batched conversion between steps."
     )

@@ -97,3 +97,26 @@ def test_cached_pages_keep_their_format_until_pressure():
     assert store.page_table.fmt[cached].tolist() == [FMT_HOT, FMT_HOT]
     assert ctl.reserve_hot(store.hot_pool.num_free + 1)
     assert store.page_table.fmt[cached].tolist() == [FMT_TQ3, FMT_HOT]
+
+
+def test_defer_prefill_conversion_keeps_a_prefilling_request_hot_until_its_prefill_ends():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, defer_prefill_conversion=True))
+    chunked = _request(store, [1, 2, 3, 4])  # between two chunks of its prefill
+    decoding = _request(store, [5, 6, 7])
+    ctl.tick([chunked, decoding], prefilling=[True, False])
+    assert store.page_table.fmt[chunked].tolist() == [FMT_HOT] * 4
+    assert store.page_table.fmt[decoding].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT]
+    assert store.page_table.tier[chunked].tolist() == [TIER_ANCHOR, TIER_STALE, TIER_STALE, TIER_RECENT]
+    assert ctl.reserve_hot(store.hot_pool.num_free + 1)  # memory presses: its Stale pages go first
+    assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT, FMT_HOT]
+    ctl.tick([chunked, decoding], prefilling=[False, False])  # prefill ended
+    assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+
+
+def test_without_defer_prefill_conversion_a_prefilling_request_converts_at_once():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1))
+    chunked = _request(store, [1, 2, 3, 4])
+    ctl.tick([chunked], prefilling=[True])
+    assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]

@@ -184,3 +184,16 @@ def test_hybrid_linear_pool_builds_minima_for_its_full_attention_layers(monkeypa
     hybrid.set_kv_buffer(SimpleNamespace(layer_id=7), loc, k, torch.randn(PS, HEADS, DIM))
     stored = allocator.kv_pool.hot_k_buffer(1)[allocator.kv_pool.hot_slots(loc)]
     assert torch.equal(stored, k.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_defer_prefill_conversion_waits_for_the_last_chunk(monkeypatch):
+    t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5, defer_prefill_conversion=True)
+    req = prefill(t, "a", list(range(1, N_LONG + 1)))
+    prompt = req.origin_input_ids
+    req.origin_input_ids = array("q", range(1, N_LONG + 2 * PS))  # first chunk of a longer prompt
+    t.cache.flush_pending_backups()
+    pages = t.cache.live_sequences()[0]
+    assert t.pool.page_table.fmt[pages].tolist() == [FMT_HOT] * 6
+    req.origin_input_ids = prompt  # the last chunk is in
+    t.cache.flush_pending_backups()
+    assert t.pool.page_table.fmt[pages].tolist() == [FMT_HOT] + [FMT_TQ3] * 4 + [FMT_HOT]

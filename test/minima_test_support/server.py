@@ -77,9 +77,10 @@ class Server:
 
 
 def launch(args: list[str], log_path: Path, env: dict[str, str] | None = None,
-           module: str = "sglang_minima.launch_server") -> Server:
-    """Launch a server and wait until /health answers (raises with the log tail if it dies)."""
-    port = free_port()
+           module: str = "sglang_minima.launch_server", port: int | None = None) -> Server:
+    """Launch a server (on ``port``, or a free one) and wait until /health answers (raises with the
+    log tail if it dies)."""
+    port = port or free_port()
     cmd = [sys.executable, "-m", module, "--port", str(port), *args, *device_args(args)]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     log = open(log_path, "w")

@@ -10,7 +10,7 @@ Per live request (its logical pages in sequence order):
 A page held by several requests takes its highest tier. A page held by no live request (a cached
 prefix) keeps its format: FP8 pages nobody needs cost nothing, and a prefix hit may want them
 again. ``tick`` runs once per scheduler step: one batched FP8->TQ3 conversion of sealed Stale
-pages, then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
+pages (with ``defer_prefill_conversion``, none held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
 ``reserve_hot`` converts synchronously when an allocation finds no free FP8 page: cached
 and Stale pages first, then Anchor, then Recent, oldest first; never a page being written.
 """
@@ -63,13 +63,21 @@ class LifecycleController:
         labels.scatter_reduce_(0, pages, tier.to(labels.dtype), reduce="amax")
         return labels
 
-    def tick(self, sequences: Sequence[torch.Tensor]) -> None:
-        """Between steps: classify, retier one batch, promote what fits beside the decode reserve."""
+    def tick(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool] = ()) -> None:
+        """Between steps: classify, retier one batch, promote what fits beside the decode reserve.
+
+        ``prefilling[i]`` is True while request i's prefill has not ended (chunked prefill); with
+        ``defer_prefill_conversion`` its pages are not converted here (``reserve_hot`` still may).
+        """
         store, pt, p = self.store, self.store.page_table, self.config
         pt.tier.copy_(self.classify(sequences))
         if p.disable_stale:
             return
         stale = store.hot_convertible() & (pt.tier == TIER_STALE)
+        if p.defer_prefill_conversion:
+            for seq, in_prefill in zip(sequences, prefilling):
+                if in_prefill:
+                    stale[seq.to(device=stale.device, dtype=torch.int64)] = False
         store.retier(self._order(stale, demote=True)[: p.retier_batch_pages])
         spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
         wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)

@@ -10,7 +10,8 @@ What this class adds:
 - it remembers the requests it matched, so the controller can see each live request's pages in
   sequence order (``req_to_token`` row, ``kv_allocated_len``);
 - ``flush_pending_backups`` (called once per scheduler step, after the step's result) ends the
-  step's reader epoch and runs ``LifecycleController.tick``;
+  step's reader epoch and runs ``LifecycleController.tick`` (telling it which requests are still
+  in prefill, for ``defer_prefill_conversion``);
 - prefix hits by format: the formats of the pages a request was matched to when it was admitted;
 - ``step_listeners``: called with the store after each step's lifecycle work (the plugin's
   radix-cache factory adds the Prometheus metrics here with ``--enable-metrics``).
@@ -81,17 +82,24 @@ class MinimaRadixCache(UnifiedRadixCache):
     def flush_pending_backups(self) -> None:
         super().flush_pending_backups()
         self.store.end_step()
-        self.lifecycle.tick(self.live_sequences())
+        sequences, prefilling = self._live()
+        self.lifecycle.tick(sequences, prefilling)
         for listener in self.step_listeners:
             listener(self.store)
 
     def live_sequences(self) -> list[torch.Tensor]:
         """Logical pages of every request holding KV, in sequence order."""
-        sequences = []
+        return self._live()[0]
+
+    def _live(self) -> tuple[list[torch.Tensor], list[bool]]:
+        """``live_sequences()`` and, for each, whether its prefill has not ended yet (a chunked
+        prefill between chunks: less KV allocated than the prompt has tokens)."""
+        sequences, prefilling = [], []
         for req in list(self._requests):
             if not req.kv.holds_kv or req.kv.kv_allocated_len == 0:
                 continue
             self._count_hits(req)
             row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len]
             sequences.append(row[:: self.page_size].to(torch.int64) // self.page_size)
-        return sequences
+            prefilling.append(req.kv.kv_allocated_len < len(req.origin_input_ids))
+        return sequences, prefilling

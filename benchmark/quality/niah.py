@@ -1,0 +1,415 @@
+"""RULER NIAH over HTTP: Minima's KV arms against SGLang's own BF16 and FP8 KV, on the same examples.
+
+For each run (an arm at one ``--chunked-prefill-size``) the script starts the server (or uses a URL
+given with ``--url ARM=URL``), sends every example greedily over ``/generate`` one at a time,
+flushing the radix cache before each (so an example never reads another example's cached pages
+and every answer is independent of order), and reads Minima's route counters from
+``/server_info`` (``internal_states[0].minima.stats``) after each example: the page mix that
+example actually attended. A Minima cell whose examples never read a TQ3 page is marked: it says
+nothing about TQ3.
+
+Resumable: answers are appended to ``OUT/answers/<arm>@<chunk>.jsonl`` as they come; a rerun skips
+the examples already answered (a run with nothing left to do is not even launched). Then the
+report: RULER's string_match_all per task and length, paired differences against the reference
+arm (``--reference``, FP8 by default) with bootstrap 95% intervals over examples, macro scores,
+and the page mix; written as ``OUT/niah.json``, ``OUT/niah.md`` and ``OUT/niah.png``.
+
+Arms (``--arms``):
+  bf16               SGLang's own path, KV in the model dtype (``--dtype``).
+  fp8                SGLang's own path with ``--kv-cache-dtype fp8_e4m3`` (not on CPU: SGLang's CPU
+                     FP8 KV needs Intel AMX; there minima-nostale is the FP8 arm and the reference).
+  minima-nostale     Minima with ``--minima-disable-stale``: every page FP8 e4m3.
+  minima             Minima defaults (Recent 4 pages, 1 sink page, Stale TQ3).
+  minima-aggressive  Minima with one Recent page, one sink page, no Anchor budget.
+  minima-defer       Minima defaults plus ``--minima-defer-prefill-conversion``.
+
+Usage:
+  python benchmark/quality/niah.py --out docs/results/quality_cpu --smoke
+  python benchmark/quality/niah.py --device cuda --lengths 1024,2048,4096,8192 --n 64 \\
+      --chunked-prefill-sizes default,256 --out docs/results/quality_h200
+  python benchmark/quality/niah.py --report-only --out docs/results/quality_cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "test"))
+
+from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
+
+ROUTE_KEYS = ("route_hot_pages", "route_tq3_pages", "route_hot_tokens", "route_tq3_tokens")
+SMOKE_TASKS = tuple(TASKS)
+DEFAULT_PORT = 31717
+GPU_ARMS = "bf16,fp8,minima-nostale,minima,minima-aggressive"
+CPU_ARMS = "bf16,minima-nostale,minima,minima-aggressive"
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    name: str
+    module: str
+    flags: tuple[str, ...]
+
+    @property
+    def is_minima(self) -> bool:
+        return self.module == "sglang_minima.launch_server"
+
+    @property
+    def converts(self) -> bool:
+        """Whether this arm is meant to read TQ3 pages (so a run that read none is no evidence)."""
+        return self.is_minima and "--minima-disable-stale" not in self.flags
+
+
+ARMS: dict[str, ArmSpec] = {
+    a.name: a
+    for a in (
+        ArmSpec("bf16", "sglang.launch_server", ()),
+        ArmSpec("fp8", "sglang.launch_server", ("--kv-cache-dtype", "fp8_e4m3")),
+        ArmSpec("minima-nostale", "sglang_minima.launch_server", ("--minima-disable-stale",)),
+        ArmSpec("minima", "sglang_minima.launch_server", ()),
+        ArmSpec("minima-aggressive", "sglang_minima.launch_server",
+                ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
+        ArmSpec("minima-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    chunk: str
+    """``--chunked-prefill-size`` value, or 'default' (the flag not given)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm}@{self.chunk}"
+
+
+# ---------------------------------------------------------------------------------- serving
+
+
+def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[str]:
+    flags = ["--model-path", str(args.model_path), "--dtype", args.dtype, "--page-size", str(args.page_size),
+             "--max-total-tokens", str(args.max_total_tokens), "--max-running-requests", "4",
+             "--random-seed", "0"]
+    if args.device == "cpu":
+        flags += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled",
+                  "--cuda-graph-backend-prefill", "disabled"]
+        if not spec.is_minima:
+            flags += ["--attention-backend", "torch_native"]
+    elif spec.is_minima:
+        flags += ["--attention-backend", "minima_native"]
+    if chunk != "default":
+        flags += ["--chunked-prefill-size", chunk]
+    return flags + list(spec.flags)
+
+
+def minima_stats(url: str) -> dict[str, int] | None:
+    info = requests.get(url + "/server_info", timeout=60).json()
+    minima = info.get("internal_states", [{}])[0].get("minima")
+    if not minima or not minima.get("active"):
+        return None
+    stats = minima["stats"]
+    return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"])}
+
+
+def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url: str | None) -> None:
+    """Answer the examples of ``run`` not yet in its JSONL, appending each as it comes."""
+    path = args.out / "answers" / f"{run.label}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {json.loads(line)["key"] for line in path.read_text().splitlines()} if path.exists() else set()
+    # Index-major, so a run stopped early (and resumed later) has covered every task and length evenly.
+    todo = sorted((ex for ex in examples if ex.key not in done), key=lambda ex: (ex.index, ex.length))
+    if not todo:
+        return
+    server = None
+    if url is None:
+        from minima_test_support.server import launch
+
+        spec = ARMS[run.arm]
+        log = args.out / "logs" / f"{run.label}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        server = launch(server_flags(spec, args, run.chunk), log, module=spec.module, port=args.port,
+                        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        url = server.url
+    try:
+        prev = minima_stats(url)
+        with path.open("a") as f:
+            for ex in tqdm(todo, desc=run.label, unit="ex"):
+                requests.post(url + "/flush_cache", timeout=60)
+                t0 = time.time()
+                r = requests.post(url + "/generate", timeout=3600, json={
+                    "text": ex.prompt,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": args.max_new_tokens},
+                })
+                r.raise_for_status()
+                out = r.json()
+                cur = minima_stats(url)
+                record = {
+                    "key": ex.key, "task": ex.task, "length": ex.length, "index": ex.index,
+                    "answer": out["text"], "score": string_match_all(out["text"], ex.outputs),
+                    "prompt_tokens": out["meta_info"]["prompt_tokens"],
+                    "completion_tokens": out["meta_info"]["completion_tokens"],
+                    "seconds": round(time.time() - t0, 3),
+                    "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur},
+                }
+                prev = cur
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def bootstrap_ci(diffs: list[float], resamples: int, seed: int) -> tuple[float, float]:
+    import numpy as np
+
+    if not diffs:
+        return float("nan"), float("nan")
+    d = np.asarray(diffs, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
+    means = d[idx].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def load_answers(out: Path, run: Run) -> dict[str, dict]:
+    path = out / "answers" / f"{run.label}.jsonl"
+    if not path.exists():
+        return {}
+    return {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -> dict:
+    answers = {run.label: load_answers(args.out, run) for run in runs}
+    cells = sorted({(ex.task, ex.length) for ex in examples}, key=lambda c: (c[1], list(TASKS).index(c[0])))
+    keys = {c: [ex.key for ex in examples if (ex.task, ex.length) == c] for c in cells}
+    result: dict = {"cells": [], "macro": {}, "reference": args.reference}
+    for chunk in args.chunked_prefill_sizes:
+        ref = answers.get(Run(args.reference, chunk).label, {})
+        macro_diffs: dict[str, list[list[float]]] = {}
+        for task, length in cells:
+            for arm in args.arms:
+                got = answers[Run(arm, chunk).label]
+                ks = [k for k in keys[(task, length)] if k in got]
+                if not ks:
+                    continue
+                paired = [k for k in ks if k in ref]
+                diffs = [got[k]["score"] - ref[k]["score"] for k in paired]
+                routes = [got[k]["routes"] for k in ks if got[k]["routes"] is not None]
+                tq3 = sum(r["route_tq3_pages"] for r in routes)
+                hot = sum(r["route_hot_pages"] for r in routes)
+                cell = {
+                    "chunk": chunk, "task": task, "length": length, "arm": arm, "n": len(ks),
+                    "score": sum(got[k]["score"] for k in ks) / len(ks),
+                    "n_paired": len(paired),
+                    "diff_vs_ref": sum(diffs) / len(diffs) if diffs else None,
+                    "diff_ci95": bootstrap_ci(diffs, args.bootstrap, args.seed) if diffs else None,
+                    "converts": ARMS[arm].converts,
+                    "tq3_page_share": tq3 / (tq3 + hot) if tq3 + hot else None,
+                    "examples_reading_tq3": sum(r["route_tq3_pages"] > 0 for r in routes),
+                    "tq3_read": tq3 > 0,
+                }
+                result["cells"].append(cell)
+                macro_diffs.setdefault(arm, []).append(diffs)
+        for arm, per_cell in macro_diffs.items():
+            arm_cells = [c for c in result["cells"] if c["chunk"] == chunk and c["arm"] == arm]
+            result["macro"][f"{arm}@{chunk}"] = {
+                "score": sum(c["score"] for c in arm_cells) / len(arm_cells),
+                "diff_vs_ref": macro_diff(per_cell),
+                "diff_ci95": macro_ci(per_cell, args.bootstrap, args.seed),
+                "cells": len(arm_cells),
+                "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for c in arm_cells),
+            }
+    return result
+
+
+def macro_diff(per_cell: list[list[float]]) -> float | None:
+    means = [sum(d) / len(d) for d in per_cell if d]
+    return sum(means) / len(means) if means else None
+
+
+def macro_ci(per_cell: list[list[float]], resamples: int, seed: int) -> tuple[float, float] | None:
+    """Bootstrap of the macro mean of paired differences: resample examples within each cell."""
+    import numpy as np
+
+    cells = [np.asarray(d, dtype=np.float64) for d in per_cell if d]
+    if not cells:
+        return None
+    rng = np.random.default_rng(seed)
+    macro = np.zeros(resamples)
+    for d in cells:
+        macro += d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
+    macro /= len(cells)
+    return float(np.percentile(macro, 2.5)), float(np.percentile(macro, 97.5))
+
+
+def fmt_diff(d: float | None, ci) -> str:
+    if d is None:
+        return "-"
+    return f"{d:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+
+def markdown(result: dict, args: argparse.Namespace) -> str:
+    lines = []
+    ref = result["reference"]
+    for chunk in args.chunked_prefill_sizes:
+        cells = [c for c in result["cells"] if c["chunk"] == chunk]
+        if not cells:
+            continue
+        lines += [f"#### --chunked-prefill-size {chunk}", "",
+                  f"Score (RULER string_match_all, %); Δ = paired difference vs `{ref}` [bootstrap 95% CI]; "
+                  "TQ3 = share of attended pages that were TQ3 (examples that read any).", "",
+                  "| task | length | arm | n | score | Δ vs " + ref + " | TQ3 pages |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in cells:
+            if c["converts"]:
+                tq3 = (f"{100 * c['tq3_page_share']:.0f}% ({c['examples_reading_tq3']}/{c['n']})"
+                       if c["tq3_read"] else "**none read: not evidence**")
+            else:
+                tq3 = "n/a"
+            lines.append(f"| {c['task']} | {c['length']} | {c['arm']} | {c['n']} | {c['score']:.1f} | "
+                         f"{fmt_diff(c['diff_vs_ref'], c['diff_ci95']) if c['arm'] != ref else '-'} | {tq3} |")
+        lines.append("")
+    lines += ["#### Macro (mean over task x length cells)", "",
+              f"| run | cells | score | Δ vs {ref} [95% CI] | cells without a TQ3 read |", "|---|---|---|---|---|"]
+    for label, m in result["macro"].items():
+        lines.append(f"| {label} | {m['cells']} | {m['score']:.2f} | "
+                     f"{fmt_diff(m['diff_vs_ref'], m['diff_ci95']) if not label.startswith(ref + '@') else '-'} | "
+                     f"{m['cells_without_tq3']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(result["macro"])
+    scores = [result["macro"][k]["score"] for k in labels]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 4))
+    ax.bar(range(len(labels)), scores, color=["tab:blue" if "minima" in k else "tab:gray" for k in labels])
+    ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right")
+    ax.set_ylabel("RULER NIAH macro score (%)")
+    ax.set_ylim(0, 100)
+    for i, k in enumerate(labels):
+        m = result["macro"][k]
+        if m["diff_vs_ref"] is not None and not k.startswith(result["reference"] + "@"):
+            ax.annotate(f"{m['diff_vs_ref']:+.1f}", (i, scores[i]), ha="center", va="bottom", fontsize=8)
+    ax.set_title(f"RULER NIAH, Δ vs {result['reference']} annotated")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--lengths", default="1024,2048,4096,8192", help="RULER max sequence lengths")
+    ap.add_argument("--n", type=int, default=64, help="examples per task and length")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="answer only the first LIMIT of the --n examples per task and length (resume later)")
+    ap.add_argument("--seed", type=int, default=42, help="RULER generator seed (also the bootstrap's)")
+    ap.add_argument("--arms", default=None,
+                    help="default: bf16,fp8,minima-nostale,minima,minima-aggressive (on CPU without fp8)")
+    ap.add_argument("--reference", default=None,
+                    help="arm the paired differences are taken against: fp8, on CPU minima-nostale")
+    ap.add_argument("--chunked-prefill-sizes", default="default,256",
+                    help="'default' (flag not given) and/or token counts small enough that prompts read "
+                         "their own Stale pages")
+    ap.add_argument("--url", action="append", default=[], metavar="ARM=URL",
+                    help="use a running server for ARM (then only one chunked-prefill size)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="RULER's niah budget is 128")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT)
+    ap.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU size: every task at 1K, 4 examples each, 48 new tokens")
+    ap.add_argument("--report-only", action="store_true", help="no serving: report what is in --out")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.lengths, args.n, args.max_new_tokens = "1024", 4, 48
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown:
+        ap.error(f"--tasks: unknown {unknown} (RULER NIAH tasks: {list(TASKS)})")
+    args.lengths = [int(x) for x in args.lengths.split(",")]
+    on_cpu = args.device == "cpu"
+    args.arms = [a for a in (args.arms or CPU_ARMS if on_cpu else args.arms or GPU_ARMS).split(",") if a]
+    args.reference = args.reference or ("minima-nostale" if on_cpu else "fp8")
+    if on_cpu and "fp8" in args.arms:
+        ap.error("--arms: SGLang's CPU FP8 KV cache needs Intel AMX; on CPU the FP8 arm is minima-nostale "
+                 "(Minima's hot pages are FP8 e4m3)")
+    args.chunked_prefill_sizes = [c for c in args.chunked_prefill_sizes.split(",") if c]
+    urls = dict(u.split("=", 1) for u in args.url)
+    bad = [a for a in [*args.arms, *urls] if a not in ARMS]
+    if bad:
+        ap.error(f"--arms/--url: unknown arm(s) {bad} (known: {list(ARMS)})")
+    if urls and len(args.chunked_prefill_sizes) != 1:
+        ap.error("--url: a running server has one chunked-prefill size; give one --chunked-prefill-sizes value")
+    if args.reference not in args.arms:
+        ap.error(f"--reference {args.reference!r} must be one of --arms")
+    args.urls = urls
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    from sglang_minima.cpu_engine import setup_cpu_engine
+    from sglang_minima.models import ensure_default_model
+
+    if args.device == "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        setup_cpu_engine()  # the plain SGLang arms inherit the CPU engine setup (pytest's conftest did it)
+    args.model_path = ensure_default_model()
+    args.out.mkdir(parents=True, exist_ok=True)
+    examples = [ex for task in args.tasks for length in args.lengths
+                for ex in generate(task, length, args.n, args.model_path, seed=args.seed)[: args.limit]]
+    runs = [Run(arm, chunk) for chunk in args.chunked_prefill_sizes for arm in args.arms]
+    if not args.report_only:
+        for run in runs:
+            answer_run(run, examples, args, args.urls.get(run.arm))
+    result = report(runs, examples, args)
+    result["meta"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, device {args.device}",
+        "command": "python benchmark/quality/niah.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "arms": {a: asdict(ARMS[a]) for a in args.arms},
+    }
+    (args.out / "niah.json").write_text(json.dumps(result, indent=1))
+    md = markdown(result, args)
+    (args.out / "niah.md").write_text(md)
+    plot(result, args.out / "niah.png")
+    print(md)
+    for label, m in result["macro"].items():
+        if m["cells_without_tq3"]:
+            print(f"WARNING: {label}: {m['cells_without_tq3']} cell(s) never read a TQ3 page: not evidence about TQ3")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Why chunked prefill over Stale pages loses retrieval: an in-process emulation of Minima's KV.
+
+The model runs in Hugging Face transformers (fp32); every attention call reads its keys and values
+the way Minima stores them: FP8 e4m3 for hot pages, and, for the pages Minima's controller would
+have converted before that step, the TQ3 round trip of those FP8 bytes (``encode_pages`` /
+``decode_pages`` / ``to_original_space``: the project's codec, bit for bit). The page schedule
+follows LifecycleController.classify: after each step, with ``n`` tokens allocated, the sealed
+pages that are neither among the last ``recent_pages`` nor the first ``sink_pages`` are Stale and
+are converted before the next step. Attention is plain dense softmax over the decoded cache, so
+this is the reference the serving path must match; it involves no serving code at all.
+
+Modes (``--modes``), each ``<kv>@<chunk>``: kv is ``fp8`` (every page FP8), ``tq3`` (Minima: Stale
+pages TQ3, K and V), ``tq3k`` (Stale keys TQ3, values FP8), ``tq3v`` (Stale values TQ3, keys FP8),
+``defer`` (Minima, but a request's pages are converted only once its prefill has ended);
+chunk is the prefill chunk size in tokens, or ``all`` for one chunk.
+
+Outputs per mode: RULER score on the examples and, for the prompts' last token, the relative
+hidden-state error against ``fp8`` at the same chunking, layer by layer (``--trace``), next to each
+layer's *local* attention error (TQ3 vs FP8 attention output on identical inputs): error that
+grows through the layers well past the local error is compounding, not a kernel bug.
+
+Usage: python benchmark/quality/stale_probe.py --tasks niah_single_2,niah_multikey_1 --n 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
+
+from sglang_minima.codec.codebook import tq3_codebook  # noqa: E402
+from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize  # noqa: E402
+from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
+from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
+from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space  # noqa: E402
+from sglang_minima.models import default_model_dir  # noqa: E402
+from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
+from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
+
+KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer")
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """The controller's tier parameters (MinimaConfig's recent_pages / sink_pages)."""
+
+    page_size: int = 64
+    recent_pages: int = 4
+    sink_pages: int = 1
+
+    def stale_pages(self, allocated: int) -> set[int]:
+        """Sealed pages outside the Recent window and the sinks, with ``allocated`` tokens."""
+        num_pages = -(-allocated // self.page_size)
+        sealed = allocated // self.page_size
+        return {p for p in range(self.sink_pages, min(sealed, num_pages - self.recent_pages))}
+
+
+@dataclass
+class KVState:
+    """What the emulated pool holds for the request being run."""
+
+    kv_mode: str = "fp8"
+    converted: set[int] = field(default_factory=set)
+    tq3_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    trace_local: bool = False
+    local_err: dict[int, float] = field(default_factory=dict)
+    check_ops: bool = False
+    ops_max_abs: float = 0.0
+    ops_max_rel: float = 0.0
+    ops_calls: int = 0
+
+
+class MinimaEmulation:
+    def __init__(self, model_dir: Path, tiers: Tiers, rotation_seed: int = 0):
+        from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        AttentionInterface.register("minima_emulation", self._attention)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="minima_emulation"
+        ).eval()
+        cfg = self.model.config
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.tiers = tiers
+        self.layout = TQ3PageLayout(self.num_kv_heads, tiers.page_size, self.head_dim)
+        self.codebook = tq3_codebook(self.head_dim)
+        self.rotations = [
+            LayerRotation(self.num_kv_heads, self.head_dim, i, rotation_seed) for i in range(cfg.num_hidden_layers)
+        ]
+        self.state = KVState()
+
+    # ------------------------------------------------------------------ attention
+
+    def _tq3_page(self, layer: int, page: int, k8: torch.Tensor, v8: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, V) of one page after the TQ3 round trip, original space [P, H, D], and its TQ3P bytes."""
+        key = (layer, page)
+        hit = self.state.tq3_cache.get(key)
+        if hit is None:
+            ps = self.tiers.page_size
+            rows = slice(page * ps, (page + 1) * ps)
+            # [P, H, D] FP8 bytes -> one TQ3 page [1, H, P, D], as TieredPageStore._encode_layer does.
+            kp, vp = k8[rows].permute(1, 0, 2).unsqueeze(0), v8[rows].permute(1, 0, 2).unsqueeze(0)
+            enc = encode_pages(kp, vp, self.layout, self.rotations[layer], self.codebook, k_scale=1.0, v_scale=1.0)
+            k_rot, v_rot = decode_pages(enc, self.layout, self.codebook)
+            rot = self.rotations[layer]
+            hit = (to_original_space(k_rot, rot)[0].permute(1, 0, 2), to_original_space(v_rot, rot)[0].permute(1, 0, 2),
+                   enc[0])
+            self.state.tq3_cache[key] = hit
+        return hit
+
+    def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        st = self.state
+        layer = module.layer_idx
+        k8 = fp8_quantize(key[0].transpose(0, 1).contiguous())  # [N, H, D] bytes, as set_kv_buffer stores
+        v8 = fp8_quantize(value[0].transpose(0, 1).contiguous())
+        k, v = fp8_dequantize(k8), fp8_dequantize(v8)
+        q = query[0].transpose(0, 1)  # [T, Hq, D]
+        n, t = k.shape[0], q.shape[0]
+        mask = causal_mask(torch.arange(n - t, n), torch.arange(n))
+        k_t, v_t = k.clone(), v.clone()
+        ps = self.tiers.page_size
+        for page in sorted(st.converted):
+            kq, vq, _ = self._tq3_page(layer, page, k8, v8)
+            rows = slice(page * ps, (page + 1) * ps)
+            if st.kv_mode in ("tq3", "tq3k", "defer"):
+                k_t[rows] = kq
+            if st.kv_mode in ("tq3", "tq3v", "defer"):
+                v_t[rows] = vq
+        out, _ = attend(q, k_t, v_t, scaling, mask)
+        if st.check_ops and st.converted and st.kv_mode in ("tq3", "defer"):
+            self._check_ops(layer, q, k8, v8, scaling, out)
+        if st.trace_local and st.converted:
+            ref, _ = attend(q, k, v, scaling, mask)
+            err = float((out[-1] - ref[-1]).norm() / ref[-1].norm())
+            st.local_err[layer] = err
+        return out.unsqueeze(0).to(query.dtype), None
+
+    def _check_ops(self, layer: int, q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scaling: float,
+                   want: torch.Tensor) -> None:
+        """The serving op (sglang_minima.ops.paged, as minima_native calls it in extend and decode)
+        over FP8 slots and TQ3P pages vs the dense reference ``want`` over the decoded cache."""
+        st, ps = self.state, self.tiers.page_size
+        n, t = k8.shape[0], q.shape[0]
+        pages = sorted(st.converted)
+        positions = torch.arange(n)
+        on_tq3 = torch.zeros(n, dtype=torch.bool)
+        for page in pages:
+            on_tq3[page * ps : (page + 1) * ps] = True
+        hot = HotPagedKV(k8, v8, positions[~on_tq3], positions[~on_tq3], k_scale=1.0, v_scale=1.0)
+        buf = torch.stack([self._tq3_page(layer, p, k8, v8)[2] for p in pages])
+        tq3 = Tq3PagedKV(buf, torch.arange(len(pages)), self.layout, self.codebook,
+                         torch.tensor(pages, dtype=torch.int64) * ps)
+        got, _ = mixed_paged_attention(q, hot, tq3, self.rotations[layer], scaling, torch.arange(n - t, n))
+        err = (got - want).abs().max()
+        st.ops_max_abs = max(st.ops_max_abs, float(err))
+        st.ops_max_rel = max(st.ops_max_rel, float(err / want.abs().max()))
+        st.ops_calls += 1
+
+    # ------------------------------------------------------------------ requests
+
+    def _tick(self, allocated: int, prefilling: bool) -> None:
+        st = self.state
+        if st.kv_mode == "fp8" or (st.kv_mode == "defer" and prefilling):
+            return
+        st.converted |= self.tiers.stale_pages(allocated)
+
+    @torch.no_grad()
+    def run(self, prompt: str, kv_mode: str, chunk: int | None, max_new_tokens: int,
+            trace: bool = False, check_ops: bool = False) -> tuple[str, list[torch.Tensor], dict[int, float]]:
+        """Greedy answer; with ``trace`` also the last prompt token's hidden state per layer and the
+        local attention error per layer in the last prefill chunk."""
+        from transformers import DynamicCache
+
+        self.state = KVState(kv_mode=kv_mode, check_ops=check_ops)
+        ids = self.tok(prompt, return_tensors="pt").input_ids
+        n = ids.shape[1]
+        chunk = chunk or n
+        cache = DynamicCache(config=self.model.config)
+        hidden: list[torch.Tensor] = []
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            last = end == n
+            self.state.trace_local = trace and last
+            out = self.model(ids[:, start:end], past_key_values=cache, use_cache=True,
+                             output_hidden_states=trace and last)
+            if trace and last:
+                hidden = [h[0, -1].clone() for h in out.hidden_states]
+            self._tick(end, prefilling=not last)
+        local = dict(self.state.local_err)
+        self.state.trace_local = False
+        tokens = []
+        nxt = out.logits[0, -1].argmax()
+        for step in range(max_new_tokens):
+            tokens.append(int(nxt))
+            if int(nxt) == self.tok.eos_token_id:
+                break
+            out = self.model(nxt.view(1, 1), past_key_values=cache, use_cache=True)
+            self._tick(n + step + 1, prefilling=False)
+            nxt = out.logits[0, -1].argmax()
+        return self.tok.decode(tokens, skip_special_tokens=True), hidden, local
+
+
+def parse_mode(mode: str) -> tuple[str, int | None]:
+    kv, _, chunk = mode.partition("@")
+    if kv not in KV_MODES:
+        raise SystemExit(f"--modes: unknown kv mode {kv!r} (one of {KV_MODES})")
+    return kv, None if chunk in ("", "all") else int(chunk)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery")
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--n", type=int, default=8, help="examples per task")
+    ap.add_argument("--modes", default="fp8@all,tq3@all,fp8@128,tq3@128,tq3k@128,tq3v@128,defer@128")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--recent-pages", type=int, default=4)
+    ap.add_argument("--sink-pages", type=int, default=1)
+    ap.add_argument("--check-ops", action="store_true",
+                    help="also run the serving op (ops.paged.mixed_paged_attention) on every call that "
+                         "reads TQ3 pages and report its largest deviation from the dense reference")
+    ap.add_argument("--out", type=Path, default=None, help="JSON with every answer and trace")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tiers = Tiers(recent_pages=args.recent_pages, sink_pages=args.sink_pages)
+    emu = MinimaEmulation(default_model_dir(), tiers)
+    examples: list[Example] = []
+    for task in args.tasks.split(","):
+        if task not in TASKS:
+            raise SystemExit(f"--tasks: unknown task {task!r}")
+        examples += generate(task, args.length, args.n, default_model_dir())
+    modes = [m for m in args.modes.split(",")]
+    results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": []}
+                                for m in modes}
+    t0 = time.time()
+    for ex in tqdm(examples, desc="examples"):
+        hidden_ref: dict[int | None, list[torch.Tensor]] = {}
+        for mode in modes:
+            kv, chunk = parse_mode(mode)
+            answer, hidden, local = emu.run(ex.prompt, kv, chunk, args.max_new_tokens, trace=True,
+                                            check_ops=args.check_ops)
+            r = results[mode]
+            st = emu.state
+            r["ops"].append({"calls": st.ops_calls, "max_abs": st.ops_max_abs, "max_rel": st.ops_max_rel})
+            r["scores"].append(string_match_all(answer, ex.outputs))
+            r["answers"].append(answer)
+            r["local_err"].append([local.get(i, 0.0) for i in range(len(hidden) - 1)])
+            if kv == "fp8":
+                hidden_ref[chunk] = hidden
+            ref = hidden_ref.get(chunk)
+            r["hidden_err"].append(
+                [float((h - g).norm() / g.norm()) for h, g in zip(hidden, ref)] if ref else []
+            )
+    summary = {}
+    for mode, r in results.items():
+        errs = [e for e in r["hidden_err"] if e]
+        mean_err = [sum(col) / len(col) for col in zip(*errs)] if errs else []
+        local = [sum(col) / len(col) for col in zip(*r["local_err"])]
+        summary[mode] = {
+            "score": sum(r["scores"]) / len(r["scores"]),
+            "hidden_err_by_layer": mean_err,
+            "local_attn_err_by_layer": local,
+        }
+        ops = [o for o in r["ops"] if o["calls"]]
+        summary[mode]["ops_check"] = {
+            "calls": sum(o["calls"] for o in ops),
+            "max_abs": max((o["max_abs"] for o in ops), default=0.0),
+            "max_rel": max((o["max_rel"] for o in ops), default=0.0),
+        }
+        print(f"{mode:>10}: RULER {summary[mode]['score']:6.2f} over {len(r['scores'])} examples"
+              + (f"; serving op vs dense reference over {summary[mode]['ops_check']['calls']} attention calls: "
+                 f"max |diff| {summary[mode]['ops_check']['max_abs']:.2e} "
+                 f"(rel. {summary[mode]['ops_check']['max_rel']:.2e})" if ops else ""))
+    print("\nlayer  " + "  ".join(f"{m:>16}" for m in modes))
+    nl = len(next(iter(summary.values()))["local_attn_err_by_layer"])
+    for layer in range(nl):
+        cells = []
+        for m in modes:
+            s = summary[m]
+            h = s["hidden_err_by_layer"][layer + 1] if s["hidden_err_by_layer"] else math.nan
+            cells.append(f"{h:7.4f}/{s['local_attn_err_by_layer'][layer]:7.4f}")
+        print(f"{layer:5d}  " + "  ".join(f"{c:>16}" for c in cells))
+    print(f"(hidden-state rel. error after the layer vs fp8 at the same chunking / local attention rel. error; "
+          f"{time.time() - t0:.0f}s)")
+    if args.out:
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "summary": summary,
+                                        "results": results,
+                                        "examples": [ex.key for ex in examples]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
