@@ -78,6 +78,11 @@ class ForwardPlan:
         other hot page of a request is full)."""
         return torch.where(self.last_page_hot, self.last_page_len, torch.full_like(self.last_page_len, self.page_size))
 
+    def read_pages(self) -> torch.Tensor:
+        """int64: the logical pages each request reads, concatenated in batch and position order
+        (a data-dependent shape: a host sync, for the reader holds, not for a captured graph)."""
+        return self.logical_pages[_live_pages(self.kv_lens, self.page_size, self.max_pages)[1]]
+
     def token_counts(self) -> torch.Tensor:
         """int64 [2]: tokens attended in hot pages and in TQ3 pages, summed over the batch."""
         short = (self.page_size - self.last_page_len).to(torch.int64)  # the last page's empty slots
@@ -102,9 +107,8 @@ def plan_forward(
     device = req_to_token.device
     batch = int(req_pool_indices.numel())
     kv_lens = kv_lens.to(device=device, dtype=torch.int32)
-    num_pages = torch.div(kv_lens + page_size - 1, page_size, rounding_mode="floor")
+    num_pages, live = _live_pages(kv_lens, page_size, max_pages)
     j = torch.arange(max_pages, device=device, dtype=torch.int64)
-    live = j.unsqueeze(0) < num_pages.unsqueeze(1)  # [batch, max_pages]
     cols = (j * page_size).clamp(max=req_to_token.shape[1] - 1)
     slots = req_to_token[req_pool_indices.to(device=device, dtype=torch.int64).unsqueeze(1), cols.unsqueeze(0)]
     logical = torch.where(live, torch.div(slots.to(torch.int64), page_size, rounding_mode="floor"), 0)
@@ -124,6 +128,13 @@ def plan_forward(
     return ForwardPlan(page_size, kv_lens, q_indptr, hot, tq3, last_page_len, last_page_hot, logical)
 
 
+def _live_pages(kv_lens: torch.Tensor, page_size: int, max_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pages per request [batch], bool [batch, max_pages]: page j lies before the request's end)."""
+    num_pages = torch.div(kv_lens + page_size - 1, page_size, rounding_mode="floor")
+    j = torch.arange(max_pages, device=kv_lens.device)
+    return num_pages, j.unsqueeze(0) < num_pages.unsqueeze(1)
+
+
 def _csr(mask: torch.Tensor, page_phys: torch.Tensor, page_number: torch.Tensor) -> FormatPages:
     """Stable compaction of the ``mask``-ed pages of every row into one fixed-capacity list."""
     batch, max_pages = mask.shape
@@ -138,6 +149,4 @@ def _csr(mask: torch.Tensor, page_phys: torch.Tensor, page_number: torch.Tensor)
     index = torch.zeros(capacity + 1, dtype=torch.int32, device=mask.device)
     pages.scatter_(0, dest, page_phys.to(torch.int32).flatten())
     index.scatter_(0, dest, page_number.to(torch.int32).expand(batch, max_pages).flatten())
-    pages[capacity] = 0
-    index[capacity] = 0
     return FormatPages(indptr, pages[:capacity], index[:capacity])

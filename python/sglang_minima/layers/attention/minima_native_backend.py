@@ -123,14 +123,12 @@ class MinimaNativeAttnBackend(AttentionBackend):
             req_to_token, forward_batch.req_pool_indices, kv_lens, torch.ones_like(kv_lens),
             pool.page_table.fmt, pool.page_table.phys, page_size, max_pages,
         )
-        num_pages = torch.div(plan.kv_lens + page_size - 1, page_size, rounding_mode="floor")
-        live = torch.arange(max_pages, device=num_pages.device).unsqueeze(0) < num_pages.unsqueeze(1)
         hot_tokens, tq3_tokens = plan.token_counts().tolist()
         counts = RouteCounts(
             hot_pages=int(plan.hot.indptr[-1]), hot_tokens=hot_tokens,
             tq3_pages=int(plan.tq3.indptr[-1]), tq3_tokens=tq3_tokens,
         )
-        return BatchedDecode(plan, plan.logical_pages[live], counts)
+        return BatchedDecode(plan, plan.read_pages(), counts)
 
     def forward_extend(
         self,
