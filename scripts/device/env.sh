@@ -7,6 +7,9 @@ _minima_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export PYTHONPATH="$_minima_root/scripts/device/standin:$_minima_root/python:$_minima_root/kernels:/tmp/minima-dist:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 # The Rust radix-tree core reads torch 2.11's int64 tensors as Double: use SGLang's Python core.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+# flashinfer JIT-compiles its kernels into $FLASHINFER_WORKSPACE_BASE/.cache: keep them on /tmp, where a
+# warm machine keeps them from one call to the next (the `tests` phase warms them for `serve`).
+export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-home
 export SGLANG_MINIMA_CACHE=/tmp/minima-cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 # The stand-in has no sampling kernels: every server the harness starts samples in torch.
 export MINIMA_E2E_DEVICE=cuda MINIMA_E2E_SERVER_ARGS="--sampling-backend pytorch"
