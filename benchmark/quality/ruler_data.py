@@ -87,8 +87,11 @@ def default_cache_dir() -> Path:
     return base / "ruler"
 
 
-def _pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", *args], check=True, stdout=subprocess.DEVNULL)
+def _pip(command: str, *args: str) -> None:
+    # Offline (the device harness), SGLANG_MINIMA_WHEELHOUSE holds these wheels: pip takes them from there only.
+    wheelhouse = os.environ.get("SGLANG_MINIMA_WHEELHOUSE")
+    source = ["--no-index", "--find-links", wheelhouse] if wheelhouse else []
+    subprocess.run([sys.executable, "-m", "pip", command, *source, *args], check=True, stdout=subprocess.DEVNULL)
 
 
 def ensure_generator(cache_dir: Path) -> tuple[Path, Path]:

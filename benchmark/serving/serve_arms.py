@@ -14,6 +14,14 @@ Arms:
   minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
   sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
   sglang-bf16  SGLang's own path in the model dtype (flashinfer on GPU, torch_native on CPU)
+Diagnostic arms (greedy agreement: which part of a path changes its tokens):
+  minima-serial       Minima with --disable-overlap-schedule
+  minima-blocking     Minima with CUDA_LAUNCH_BLOCKING=1 (no two GPU ops in flight: no stream race)
+  minima-per-request  Minima with decode planned per request (--minima-attention-score-anchors)
+  minima-model-dtype  Minima with hot pages in the model dtype, no Stale tier
+  sglang-torch        SGLang's torch_native attention in the model dtype (a torch reference)
+
+``--parallel`` starts the arms side by side (greedy only) and adds each pair's agreement.
 
   .venv/bin/python benchmark/serving/serve_arms.py --arms minima --greedy-only \\
       --out docs/results/device/greedy_cpu.json                        # CPU reference
@@ -28,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -61,6 +70,7 @@ class Arm:
     name: str
     module: str
     flags: list[str]
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def arms(device: str) -> dict[str, Arm]:
@@ -74,6 +84,15 @@ def arms(device: str) -> dict[str, Arm]:
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),
         "sglang-bf16": Arm("sglang-bf16", "sglang.launch_server", sglang),
+        "minima-serial": Arm("minima-serial", "sglang_minima.launch_server", ["--disable-overlap-schedule"]),
+        "minima-blocking": Arm("minima-blocking", "sglang_minima.launch_server", [], {"CUDA_LAUNCH_BLOCKING": "1"}),
+        "minima-per-request": Arm("minima-per-request", "sglang_minima.launch_server",
+                                  ["--minima-attention-score-anchors"]),
+        "minima-model-dtype": Arm("minima-model-dtype", "sglang_minima.launch_server",
+                                  ["--minima-hot-dtype", "auto", "--minima-disable-stale"]),
+        "sglang-torch": Arm("sglang-torch", "sglang.launch_server",
+                            ["--attention-backend", "torch_native", "--cuda-graph-backend-prefill", "disabled"]
+                            + (["--device", "cpu", "--cuda-graph-backend-decode", "disabled"] if device == "cpu" else [])),
     }
 
 
@@ -135,7 +154,7 @@ def bench_serving(url: str, tokenizer: Path, args, work: Path, name: str) -> dic
 def run_arm(arm: Arm, args, reference: list[list[int]] | None) -> ArmResult:
     flags = ["--model-path", str(args.model), "--dtype", args.dtype, "--page-size", str(args.page_size),
              "--enable-metrics", *args.server_args, *arm.flags]
-    server = launch(flags, args.work / f"{arm.name}.log", module=arm.module)
+    server = launch(flags, args.work / f"{arm.name}.log", env=arm.env, module=arm.module)
     try:
         t0 = time.time()
         outs = greedy(server.url)
@@ -179,6 +198,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
     ap.add_argument("--greedy-only", action="store_true", help="no bench_serving run")
+    ap.add_argument("--parallel", action="store_true", help="arms side by side, greedy only; pairwise agreement")
     ap.add_argument("--reference", type=Path, help="an earlier run's JSON: greedy agreement with its first arm")
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=32)
@@ -201,18 +221,46 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results: list[ArmResult] = []
-    for name in tqdm(args.arms.split(","), desc="arms"):
-        results.append(run_arm(known[name], args, reference))
-        write(args.out, results)  # after every arm: a call cut short keeps what it measured
+    names = args.arms.split(",")
+    if args.parallel:
+        args.greedy_only = True
+        with ThreadPoolExecutor(len(names)) as pool:
+            futures = {pool.submit(run_arm, known[n], args, reference): n for n in names}
+            for future in tqdm(as_completed(futures), total=len(futures), desc="arms"):
+                try:
+                    results.append(future.result())
+                except Exception as e:  # one arm that does not start must not lose the others
+                    print(f"arm {futures[future]} failed: {e}"[:4000])
+                write(args.out, results)
+    else:
+        for name in tqdm(names, desc="arms"):
+            results.append(run_arm(known[name], args, reference))
+            write(args.out, results)  # after every arm: a call cut short keeps what it measured
     print(render(results))
     print(f"wrote {args.out}")
+
+
+def pairwise(results: list[ArmResult]) -> str:
+    """Positions equal between every two arms' greedy tokens (same prompts, same length)."""
+    names = [r.arm for r in results]
+    lines = ["| positions equal | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for a in results:
+        cells = []
+        for b in results:
+            g = agreement(a.greedy, b.greedy)
+            cells.append(f"{g['positions_equal']}/{g['positions']}")
+        lines.append(f"| {a.arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def write(out: Path, results: list[ArmResult]) -> None:
     out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
         "prompts": PROMPTS, "new_tokens": NEW_TOKENS, "results": [asdict(r) for r in results]}, indent=1))
-    out.with_suffix(".md").write_text(render(results) + "\n")
+    text = render(results)
+    if len(results) > 1 and not any(r.bench for r in results):
+        text += "\n\n" + pairwise(results)
+    out.with_suffix(".md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

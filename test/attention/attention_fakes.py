@@ -122,7 +122,8 @@ class FakeMinimaPool:
     def set_kv_buffer(self, layer, loc, cache_k: torch.Tensor, cache_v: torch.Tensor, *args, **kwargs) -> None:
         logical = loc.loc if hasattr(loc, "loc") else loc
         slots = self.hot_slots(logical)
-        lid = layer.layer_id
+        override = kwargs.get("layer_id_override")
+        lid = layer.layer_id if override is None else override
         h, d = self.num_kv_heads, self.head_dim
         k, v = cache_k.view(-1, h, d), cache_v.view(-1, h, d)
         if self.is_fp8:

@@ -14,6 +14,7 @@ import torch
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
@@ -40,15 +41,18 @@ class Harness:
     """
 
     def __init__(self, pool, new_page: Callable[[], int], retier: Callable[[list[int]], None],
-                 num_rows: int = 4, max_len: int = 8 * PS, device: str = "cpu"):
+                 num_rows: int = 4, max_len: int = 8 * PS, device: str = "cpu", runner_pool=None,
+                 layer_ids: tuple[int, ...] = tuple(range(LAYERS))):
         self.pool = pool
         self.new_page = new_page
         self.retier = retier
         self.device = torch.device(device)
         self.req_to_token = torch.zeros(num_rows, max_len, dtype=torch.int32, device=device)
         self.lens = [0] * num_rows
-        self.backend = MinimaNativeAttnBackend(fake_runner(self.pool, self.req_to_token))
-        self.layers = [FakeLayer(i, HQ, HKV, D, scaling=1 / math.sqrt(D)) for i in range(LAYERS)]
+        self.backend = MinimaNativeAttnBackend(fake_runner(runner_pool or self.pool, self.req_to_token))
+        # The model's attention layers and, for each, the pool's index of it (dense in a hybrid's pool).
+        self.layers = [FakeLayer(i, HQ, HKV, D, scaling=1 / math.sqrt(D)) for i in layer_ids]
+        self.pool_layer = {i: n for n, i in enumerate(layer_ids)} if runner_pool is not None else {i: i for i in layer_ids}
         self._gen = torch.Generator().manual_seed(0)
 
     @classmethod
@@ -69,20 +73,32 @@ class Harness:
         return cls(pool, new_page, pool.retier)
 
     @classmethod
-    def real(cls, monkeypatch, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, device: str = "cpu") -> Harness:
-        """MinimaKVPool and MinimaPagedAllocator, the classes the server runs, on ``device``."""
+    def real(cls, monkeypatch, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, device: str = "cpu",
+             hybrid_layer_ids: tuple[int, ...] | None = None) -> Harness:
+        """MinimaKVPool and MinimaPagedAllocator, the classes the server runs, on ``device``; with
+        ``hybrid_layer_ids``, inside SGLang's HybridLinearKVPool as a linear-attention model builds it
+        (the full-attention layers ``hybrid_layer_ids`` of the model, densely indexed in the pool)."""
         config = MinimaConfig(hot_dtype=hot_dtype, attention_score_anchors=score_anchors, fp8_page_fraction=0.6)
         monkeypatch.setenv(CONFIG_ENV, config.to_json())
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
         size = 64 * PS
-        pool = MinimaKVPool(size, page_size=PS, dtype=torch.float32, head_num=HKV, head_dim=D,
-                            layer_num=LAYERS, device=device, enable_memory_saver=False)
-        allocator = MinimaPagedAllocator(size, PS, torch.float32, device, pool, False)
+        wrapper = None
+        if hybrid_layer_ids is None:
+            pool = MinimaKVPool(size, page_size=PS, dtype=torch.float32, head_num=HKV, head_dim=D,
+                                layer_num=LAYERS, device=device, enable_memory_saver=False)
+        else:
+            wrapper = HybridLinearKVPool(
+                size, torch.float32, PS, HKV, D, list(hybrid_layer_ids), device, mamba_pool=None,
+                full_kv_pool_class=MinimaKVPool,
+            )
+            pool = wrapper.full_kv_pool
+        allocator = MinimaPagedAllocator(size, PS, torch.float32, device, wrapper or pool, False)
 
         def retier(pages: list[int]) -> None:
             assert pool.store.retier(torch.tensor(pages)) == len(pages)
 
-        return cls(pool, lambda: int(allocator.alloc(PS)[0]) // PS, retier, device=device)
+        kwargs = {} if wrapper is None else {"runner_pool": wrapper, "layer_ids": hybrid_layer_ids}
+        return cls(pool, lambda: int(allocator.alloc(PS)[0]) // PS, retier, device=device, **kwargs)
 
     def pages_of(self, row: int) -> list[int]:
         """Logical pages of a row in position order."""
@@ -143,7 +159,7 @@ class Harness:
             start = 0
             for r, n in new_tokens.items():
                 want, key_mass = reference_attention(
-                    self.pool, layer.layer_id, q[start : start + n].view(n, HQ, D),
+                    self.pool, self.pool_layer[layer.layer_id], q[start : start + n].view(n, HQ, D),
                     self.req_to_token[r, : self.lens[r]], layer.scaling,
                 )
                 torch.testing.assert_close(o[start : start + n].view(n, HQ, D), want, atol=ATOL, rtol=1e-4)
@@ -175,6 +191,19 @@ def test_decode_over_mixed_formats_gqa(make_harness):
     assert (counts.tq3_pages, counts.tq3_tokens) == (6, 6 * PS)
     assert counts.hot_tokens == (3 * PS + 4 - 2 * PS) + (5 * PS + 5 - 4 * PS)
     assert h.pool.stats.route_tq3_pages == 3 * 6  # the pool's route counters, over all steps
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_hybrid_model_pool_holds_only_full_attention_layers(monkeypatch, device):
+    """Qwen3.5-style hybrid: model layers 1 and 3 attend (the others are linear attention); SGLang's
+    HybridLinearKVPool builds the Minima pool for those two only, indexed 0 and 1."""
+    h = Harness.real(monkeypatch, device=device, hybrid_layer_ids=(1, 3))
+    assert h.pool.layer_num == 2 and h.backend.token_to_kv_pool is h.pool
+    h.step({0: 3 * PS + 2, 1: 2 * PS + 5}, ForwardMode.EXTEND)
+    h.retier_prefix(0, 2)
+    h.step({0: 1, 1: 1}, ForwardMode.DECODE)
+    h.step({0: PS, 2: 4}, ForwardMode.MIXED)
+    assert h.pool.stats.route_tq3_pages == 2 + 2
 
 
 def test_chunked_prefill_reads_stale_pages_of_earlier_chunks(make_harness):

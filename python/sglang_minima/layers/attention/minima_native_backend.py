@@ -61,16 +61,23 @@ class MinimaNativeAttnBackend(AttentionBackend):
         super().__init__()
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
-        self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.forward_metadata: BatchRoute | BatchedDecode | None = None
-        pool = self.token_to_kv_pool
+        kv_pool = model_runner.token_to_kv_pool
+        # A hybrid (linear-attention) model's pool wraps the full-attention one (see the allocator).
+        self.token_to_kv_pool = pool = getattr(kv_pool, "full_kv_pool", kv_pool)
         if not hasattr(pool, "page_table"):
             raise ValueError(
                 f"--attention-backend minima_native reads Minima's KV pool, got {type(pool).__name__}: "
                 "select Minima with --radix-cache-backend minima (sglang_minima.launch_server does)"
             )
+        self.forward_metadata: BatchRoute | BatchedDecode | None = None
+        # A hybrid (linear-attention) model's Minima pool holds only its full-attention layers, by
+        # dense index; elsewhere the pool takes the model's layer ids.
+        mapping = getattr(kv_pool, "full_attention_layer_id_mapping", None)
+        self._pool_layer_ids: dict[int, int] | None = dict(mapping) if mapping is not None else None
         self._score_pages: bool = pool.minima_config.attention_score_anchors
-        self._last_layer_id: int = pool.start_layer + pool.layer_num - 1
+        self._last_layer_id: int = (
+            max(mapping) if mapping is not None else pool.start_layer + pool.layer_num - 1
+        )
         # Per request of the current forward: attention mass of each page it reads, summed over layers.
         self._page_mass: list[torch.Tensor] = []
 
@@ -169,7 +176,9 @@ class MinimaNativeAttnBackend(AttentionBackend):
         _check_layer(layer)
         if save_kv_cache and k is not None and v is not None:
             # New tokens land in hot pages: the pool translates logical slots to hot physical slots.
-            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc), k, v)
+            self.token_to_kv_pool.set_kv_buffer(
+                layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer_id_override=self._pool_layer(layer)
+            )
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         if isinstance(self.forward_metadata, BatchedDecode):
             return self._decode_batch(q3, layer).to(q.dtype).reshape(q3.shape[0], -1)
@@ -184,9 +193,13 @@ class MinimaNativeAttnBackend(AttentionBackend):
             self._page_mass = []
         return o
 
+    def _pool_layer(self, layer: RadixAttention) -> int:
+        """The id the Minima pool knows ``layer`` by."""
+        return layer.layer_id if self._pool_layer_ids is None else self._pool_layer_ids[layer.layer_id]
+
     def _decode_batch(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
         """Every request's one query [B, Hq, D] over its hot and TQ3 pages -> out fp32 [B, Hq, Dv]."""
-        pool, plan, lid = self.token_to_kv_pool, self.forward_metadata.plan, layer.layer_id
+        pool, plan, lid = self.token_to_kv_pool, self.forward_metadata.plan, self._pool_layer(layer)
         k_buffer = pool.hot_k_buffer(lid)
         fp8 = k_buffer.dtype == torch.uint8
         out, _ = mixed_batch_decode(
@@ -199,7 +212,7 @@ class MinimaNativeAttnBackend(AttentionBackend):
     def _attend_request(self, index: int, q: torch.Tensor, route: RequestRoute, layer: RadixAttention) -> torch.Tensor:
         """Request ``index``'s queries [T, Hq, D] over its hot tokens and TQ3 pages -> out fp32 [T, Hq, Dv]."""
         pool = self.token_to_kv_pool
-        lid = layer.layer_id
+        lid = self._pool_layer(layer)
         k_buffer, v_buffer = pool.hot_k_buffer(lid), pool.hot_v_buffer(lid)
         fp8 = k_buffer.dtype == torch.uint8
         hot = HotPagedKV(
@@ -238,7 +251,7 @@ class MinimaNativeAttnBackend(AttentionBackend):
         hot_mass = hot_token_mass(q, hot, layer.scaling, lse, route.q_positions)
         mass.index_add_(0, route.hot_positions // page_size, hot_mass)
         if tq3 is not None:
-            q_rot = pool.rotation(layer.layer_id).rotate(q, head_axis=-2)
+            q_rot = pool.rotation(self._pool_layer(layer)).rotate(q, head_axis=-2)
             tq3_mass = tq3_page_mass(q_rot, tq3, layer.scaling, lse, route.q_positions)
             mass.index_add_(0, route.tq3_page_starts // page_size, tq3_mass)
 
