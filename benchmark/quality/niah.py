@@ -49,6 +49,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "test"))
 
+from minima_test_support.server import e2e_device  # noqa: E402
 from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
 
 ROUTE_KEYS = ("route_hot_pages", "route_tq3_pages", "route_hot_tokens", "route_tq3_tokens")
@@ -340,7 +341,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "their own Stale pages")
     ap.add_argument("--url", action="append", default=[], metavar="ARM=URL",
                     help="use a running server for ARM (then only one chunked-prefill size)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--device", default=e2e_device(), choices=("cpu", "cuda"),
+                    help="default: MINIMA_E2E_DEVICE (cpu unless set; the device harness sets cuda)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--max-total-tokens", type=int, default=32768)

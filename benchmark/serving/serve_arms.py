@@ -42,6 +42,7 @@ from pathlib import Path
 
 import requests
 from tqdm import tqdm
+from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "test"))
@@ -104,21 +105,60 @@ class ArmResult:
     startup_s: float
     greedy: list[list[int]]
     greedy_s: float
+    margins: list[list[float]] = field(default_factory=list)
+    """Per prompt and step: logprob of the greedy token minus the runner-up's (nats)."""
+    forced: list[dict] = field(default_factory=list)
+    """Per prompt: teacher-forced logprobs and argmax over the reference's (or its own) greedy tokens."""
     bench: dict = field(default_factory=dict)
     minima: dict = field(default_factory=dict)
     agreement: dict = field(default_factory=dict)
 
 
-def greedy(url: str) -> list[list[int]]:
-    outs = []
+def greedy(url: str) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy tokens of every prompt, and at each step the margin (nats) between the chosen token's
+    logprob and the runner-up's: where two arms part, a small margin says a near tie (rounding), a
+    large one a different computation."""
+    outs, margins = [], []
     for prompt in PROMPTS:
         r = requests.post(url + "/generate", json={
-            "text": prompt,
+            "text": prompt, "return_logprob": True, "top_logprobs_num": 2,
             "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},
         }, timeout=600)
         r.raise_for_status()
-        outs.append(r.json()["output_ids"])
-    return outs
+        out = r.json()
+        outs.append(out["output_ids"])
+        top = out["meta_info"]["output_top_logprobs"]
+        margins.append([round(t[0][0] - t[1][0], 4) for t in top])
+    return outs, margins
+
+
+def teacher_forced(url: str, tokenizer, tokens: list[list[int]]) -> list[dict]:
+    """Each prompt followed by ``tokens`` (the reference's greedy output) in one prefill: per position,
+    the logprob this arm gives the reference token and the token it would have chosen. Unlike free
+    greedy runs, one near tie does not make every later position differ."""
+    out = []
+    for prompt, toks in zip(PROMPTS, tokens):
+        ids = tokenizer(prompt).input_ids
+        r = requests.post(url + "/generate", json={
+            # SGLang gives no logprob for the first position it reports: start one before the output
+            "input_ids": ids + toks, "return_logprob": True, "logprob_start_len": len(ids) - 1,
+            "top_logprobs_num": 1, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        }, timeout=600)
+        r.raise_for_status()
+        meta = r.json()["meta_info"]
+        out.append({"logprobs": [t[0] for t in meta["input_token_logprobs"][1:]],
+                    "argmax": [t[0][1] for t in meta["input_top_logprobs"][1:]]})
+    return out
+
+
+def forced_agreement(got: list[dict], ref_tokens: list[list[int]], ref: list[dict] | None) -> dict:
+    """Share of positions whose argmax is the reference token; logprob differences to the reference."""
+    hits = sum(a == t for g, toks in zip(got, ref_tokens) for a, t in zip(g["argmax"], toks))
+    result = {"argmax_equal": hits, "positions": sum(len(t) for t in ref_tokens)}
+    if ref:
+        diffs = [abs(a - b) for g, r in zip(got, ref) for a, b in zip(g["logprobs"], r["logprobs"])]
+        result |= {"max_abs_dlogprob": round(max(diffs), 4), "mean_abs_dlogprob": round(sum(diffs) / len(diffs), 5)}
+    return result
 
 
 def agreement(got: list[list[int]], ref: list[list[int]]) -> dict:
@@ -151,16 +191,19 @@ def bench_serving(url: str, tokenizer: Path, args, work: Path, name: str) -> dic
     return {k: result[k] for k in keep if k in result}
 
 
-def run_arm(arm: Arm, args, reference: list[list[int]] | None) -> ArmResult:
+def run_arm(arm: Arm, args, reference: dict | None) -> ArmResult:
     flags = ["--model-path", str(args.model), "--dtype", args.dtype, "--page-size", str(args.page_size),
              "--enable-metrics", *args.server_args, *arm.flags]
     server = launch(flags, args.work / f"{arm.name}.log", env=arm.env, module=arm.module)
     try:
         t0 = time.time()
-        outs = greedy(server.url)
-        result = ArmResult(arm.name, e2e_device(), flags, server.startup_s, outs, time.time() - t0)
+        outs, margins = greedy(server.url)
+        result = ArmResult(arm.name, e2e_device(), flags, server.startup_s, outs, time.time() - t0, margins)
+        forced_tokens = reference["greedy"] if reference else outs
+        result.forced = teacher_forced(server.url, AutoTokenizer.from_pretrained(args.model), forced_tokens)
         if reference is not None:
-            result.agreement = agreement(outs, reference)
+            result.agreement = agreement(outs, reference["greedy"])
+            result.agreement["forced"] = forced_agreement(result.forced, forced_tokens, reference.get("forced"))
         if not args.greedy_only:
             result.bench = bench_serving(server.url, args.model, args, args.work, arm.name)
         info = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
@@ -172,18 +215,23 @@ def run_arm(arm: Arm, args, reference: list[list[int]] | None) -> ArmResult:
 
 
 def render(results: list[ArmResult]) -> str:
-    lines = ["| arm | device | start s | greedy identical | positions equal | out tok/s | req/s "
+    lines = ["| arm | device | start s | greedy identical | positions equal | forced argmax equal "
+             "| max / mean abs dlogprob | out tok/s | req/s "
              "| mean TTFT ms | p99 TTFT ms | mean TPOT ms | TQ3 pages read | pages converted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         a, b, s = r.agreement, r.bench, r.minima.get("stats", {})
         agree = f"{a['identical_prompts']}/{a['prompts']}" if a else "-"
         pos = f"{a['positions_equal']}/{a['positions']}" if a else "-"
+        f = a.get("forced", {})
+        forced = f"{f['argmax_equal']}/{f['positions']}" if f else "-"
+        dlp = f"{f['max_abs_dlogprob']} / {f['mean_abs_dlogprob']}" if "max_abs_dlogprob" in f else "-"
         def fmt(key: str, spec: str, b=b) -> str:
             return format(b[key], spec) if key in b else "-"
 
         lines.append(
-            f"| {r.arm} | {r.device} | {r.startup_s:.0f} | {agree} | {pos} | {fmt('output_throughput', '.1f')} "
+            f"| {r.arm} | {r.device} | {r.startup_s:.0f} | {agree} | {pos} | {forced} | {dlp} "
+            f"| {fmt('output_throughput', '.1f')} "
             f"| {fmt('request_throughput', '.2f')} | {fmt('mean_ttft_ms', '.0f')} | {fmt('p99_ttft_ms', '.0f')} "
             f"| {fmt('mean_tpot_ms', '.1f')} | {s.get('route_tq3_pages', '-')} "
             f"| {s.get('retier', {}).get('pages', '-')} |")
@@ -217,7 +265,7 @@ def main() -> None:
         ap.error(f"--arms: unknown {unknown}; choose from {sorted(known)}")
     reference = None
     if args.reference:
-        reference = json.loads(args.reference.read_text())["results"][0]["greedy"]
+        reference = json.loads(args.reference.read_text())["results"][0]
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results: list[ArmResult] = []

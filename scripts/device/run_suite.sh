@@ -30,6 +30,8 @@ tests)
     --reference docs/results/device/greedy_cpu.json --work "$WORK/fp8-warm" --out "$OUT/greedy_sglang-fp8.json" \
     > "$WORK/fp8-warm.log" 2>&1 &
   wait
+  # every server log the tests wrote (pytest's tmp folders), for the failures' full stories
+  (cd /tmp && find pytest-of-* -name "*.log" -size -20M 2>/dev/null | tar -czf "$WORK/server-logs.tar.gz" -T - 2>/dev/null)
   ;;
 serve)
   # ARMS: the arms in turn (after `tests` on the same warm machine, flashinfer's JIT cache is warm)

@@ -1,0 +1,46 @@
+"""Hot FP8 pages hold exactly the bytes SGLang's own FP8 KV pool stores for the same tokens, on the
+CPU and on CUDA (where SGLang writes through its store_cache kernel, not index_put)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+from sglang_minima.config import CONFIG_ENV, MinimaConfig
+from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
+from sglang_minima.mem_cache.kv_pool import MinimaKVPool
+
+H, D, PS, LAYERS, PAGES = 3, 64, 16, 2, 32
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_hot_rows_are_sglangs_fp8_bytes(monkeypatch, device):
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.5).to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    size = PAGES * PS
+    pool = MinimaKVPool(size, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D, layer_num=LAYERS,
+                        device=device, enable_memory_saver=False)
+    allocator = MinimaPagedAllocator(size, PS, torch.bfloat16, device, pool, False)
+    sglang = MHATokenToKVPool(size, page_size=PS, dtype=torch.float8_e4m3fn, head_num=H, head_dim=D,
+                              layer_num=LAYERS, device=device, enable_memory_saver=False)
+    g = torch.Generator().manual_seed(0)
+    n = 5 * PS - 3
+    held = allocator.alloc(2 * PS)
+    loc = allocator.alloc(5 * PS)
+    allocator.free(held)
+    loc = torch.cat([allocator.alloc(2 * PS), loc])[:n]  # pages out of order: logical != hot physical
+    # The model's dtype, with outliers near e4m3's largest value (448): rounding near the top.
+    k = (torch.randn(n, H, D, generator=g) * 40).clamp(-440, 440).to(torch.bfloat16).to(device)
+    v = torch.randn(n, H, D, generator=g).to(torch.bfloat16).to(device)
+    for layer_id in range(LAYERS):
+        layer = SimpleNamespace(layer_id=layer_id)  # all a KV pool reads of a RadixAttention
+        pool.set_kv_buffer(layer, KVWriteLoc(loc), k.clone(), v.clone())
+        sglang.set_kv_buffer(layer, loc, k.clone(), v.clone())
+        hot = pool.page_table.hot_slots(loc)
+        assert not torch.equal(hot, loc)  # logical and hot physical slots differ: the test reads the mapping
+        assert torch.equal(pool.hot_k_buffer(layer_id)[hot].cpu(), sglang.k_buffer[layer_id][loc].cpu())
+        assert torch.equal(pool.hot_v_buffer(layer_id)[hot].cpu(), sglang.v_buffer[layer_id][loc].cpu())
