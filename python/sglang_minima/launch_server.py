@@ -5,8 +5,9 @@ off, validated into one MinimaConfig and carried to the scheduler process in the
 Unless the user chose otherwise, Minima's attention and radix-cache backends are selected; with
 ``--device cpu`` (or no CUDA) SGLang's CPU engine is set up; with no ``--model-path`` the embedded
 default model (SmolLM2-135M-Instruct) is served. On CUDA the attention backend is ``minima_native``
-(the torch reference over GPU tensors) until the ``minima`` kernel backend is part of the release.
-``minima_native`` plans each step on the host, so its servers run without CUDA graphs.
+(the torch reference over GPU tensors) until the ``minima`` kernel backend (``--attention-backend
+minima``: decode through the fused kernels) has passed the device suite. Both plan each step with
+host syncs, so their servers run without CUDA graphs.
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ def _default_flags(argv: list[str], on_cpu: bool) -> list[str]:
     ]
     if on_cpu:
         defaults.append((("--max-total-tokens",), ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]))
-    if on_cpu or _flag_value(argv, "--attention-backend") in (None, MINIMA_NATIVE_BACKEND):
-        # No graphs on CPU; minima_native plans every step on the host (it cannot be captured).
+    if on_cpu or _flag_value(argv, "--attention-backend") in (None, *MINIMA_ATTENTION_BACKENDS):
+        # No graphs on CPU; both Minima backends plan every step with host syncs (not capturable yet).
         defaults += [
             (("--cuda-graph-backend-decode", "--disable-cuda-graph"), ["--cuda-graph-backend-decode", "disabled"]),
             (("--cuda-graph-backend-prefill", "--disable-cuda-graph"), ["--cuda-graph-backend-prefill", "disabled"]),

@@ -43,6 +43,15 @@ def test_defaults_on_gpu_serve_minima_native_without_graphs(monkeypatch, tmp_pat
     assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
 
 
+def test_kernel_backend_on_gpu_runs_without_graphs(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima"])
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--attention-backend"] == "minima"
+    assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
+    check_supported(_args(attention_backend="minima", decode_attention_backend="minima"))  # accepted
+
+
 def test_graph_flags_of_the_user_win(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--disable-cuda-graph"])
