@@ -61,15 +61,15 @@ def install_memory_hooks() -> None:
 
 
 def validate_prompt_ids_hook(manager, obj, input_ids=None, *args, **kwargs):
-    """BEFORE ``_validate_one_request``: a ValueError here is SGLang's own 400 path."""
+    """BEFORE ``_validate_one_request`` (returns None: the arguments go on unchanged); a ValueError
+    here takes SGLang's own 400 path."""
     if not minima_selected() or input_ids is None:
-        return None
+        return
     if any(getattr(obj, f, None) is not None for f in ("input_embeds", "image_data", "video_data", "audio_data")):
-        return None  # embeddings and multimodal placeholders are not vocabulary ids
-    if not isinstance(obj, GenerateReqInput):  # embedding requests embed ids only; generation runs them
-        return None
+        return  # embeddings and multimodal placeholders are not vocabulary ids
+    if not isinstance(obj, GenerateReqInput):  # only generation was seen to crash; embeddings keep SGLang's checks
+        return
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
-    return None
 
 
 def check_prompt_ids(input_ids, vocab_size: int) -> None:

@@ -201,7 +201,7 @@ def test_defer_prefill_conversion_waits_for_the_last_chunk(monkeypatch):
 
 def _encoder_fault(monkeypatch) -> list[bool]:
     """Make every TQ3 encode raise while ``fault[0]`` is True (the conversion's torch path)."""
-    import sglang_minima.mem_cache.tier_store as tier_store
+    from sglang_minima.mem_cache import tier_store
 
     real, fault = tier_store.encode_pages, [True]
 
