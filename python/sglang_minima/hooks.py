@@ -1,4 +1,4 @@
-"""How Minima's memory side reaches SGLang 0.5.23: a radix-cache backend and three AROUND hooks.
+"""How Minima reaches SGLang 0.5.23: a radix-cache backend, three AROUND hooks and one prompt check.
 
 - ``--radix-cache-backend minima`` -> ``MinimaRadixCache`` (through ``create_unified_radix_cache``,
   so Mamba/SWA components keep working);
@@ -11,12 +11,18 @@ Neither CPU nor CUDA platforms override the two platform methods, so hooking the
 reaches both. Every hook is gated at run time on ``minima_selected()``. With ``--enable-metrics``
 the radix cache reports the ``sglang:minima_*`` metrics after each step's lifecycle work.
 
+``TokenizerManager._validate_one_request`` (BEFORE, in the HTTP process) refuses with a 400 the
+prompts SGLang 0.5.23 passes on and that then kill the scheduler: no tokens (``"text": ""``: a
+zero-length extend) and token ids outside the vocabulary (the embedding lookup raises);
+docs/results/reliability/bad_input.md.
+
 ``plugin.register()`` installs these; like the plugin, this module is wiring: nothing below imports it.
 """
 
 from __future__ import annotations
 
 import torch
+from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.mem_cache.registry import (
     create_unified_radix_cache,
     get_radix_cache_factory,
@@ -35,6 +41,8 @@ from sglang_minima.selection import MINIMA_BACKEND_NAME, minima_selected, resolv
 _PLATFORM = "sglang.srt.platforms.interface.SRTPlatform"
 _CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
 
+_VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+
 _installed = False
 
 
@@ -48,7 +56,30 @@ def install_memory_hooks() -> None:
     HookRegistry.register(f"{_PLATFORM}.get_kv_pool_cls", kv_pool_cls_hook, HookType.AROUND)
     HookRegistry.register(f"{_PLATFORM}.get_paged_allocator_cls", paged_allocator_cls_hook, HookType.AROUND)
     HookRegistry.register(_CELL_SIZE, cell_size_hook, HookType.AROUND)
+    HookRegistry.register(_VALIDATE_REQUEST, validate_prompt_ids_hook, HookType.BEFORE)
     _installed = True
+
+
+def validate_prompt_ids_hook(manager, obj, input_ids=None, *args, **kwargs):
+    """BEFORE ``_validate_one_request`` (returns None: the arguments go on unchanged); a ValueError
+    here takes SGLang's own 400 path."""
+    if not minima_selected() or input_ids is None:
+        return
+    if any(getattr(obj, f, None) is not None for f in ("input_embeds", "image_data", "video_data", "audio_data")):
+        return  # embeddings and multimodal placeholders are not vocabulary ids
+    if not isinstance(obj, GenerateReqInput):  # only generation was seen to crash; embeddings keep SGLang's checks
+        return
+    check_prompt_ids(input_ids, manager.model_config.vocab_size)
+
+
+def check_prompt_ids(input_ids, vocab_size: int) -> None:
+    """Raise ValueError for a prompt with no tokens or with an id outside ``[0, vocab_size)``."""
+    if len(input_ids) == 0:
+        raise ValueError("The prompt has no tokens: send at least one token (text or input_ids).")
+    lo, hi = min(input_ids), max(input_ids)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"The prompt has token id {bad} outside the vocabulary [0, {vocab_size}).")
 
 
 def minima_radix_cache_factory(ctx):

@@ -72,6 +72,29 @@ def test_promotion_when_a_stale_page_reenters_the_anchor_budget():
     assert store.stats.promote.pages == 1
 
 
+def test_promotion_with_no_hot_page_free_waits_instead_of_failing():
+    store = make_store(num_logical=16, num_hot=4)
+    ctl = LifecycleController(
+        store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, attention_score_anchors=True)
+    )
+    seq = _request(store, [1, 2, 3, 4])
+    store.note_page_scores(torch.tensor([1]), torch.tensor([1.0]), decay=0.0)
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    other = _request(store, [5, 6])  # takes the last two hot pages
+    assert store.hot_pool.num_free == 0
+    assert store.promote(torch.tensor([3])) == 0  # nothing free: no attempt, no failure
+    store.note_page_scores(torch.tensor([3]), torch.tensor([1.0]), decay=0.0)
+    ctl.tick([seq, other])  # page 3 wants FP8 again; page 1 goes Stale and frees one hot page ...
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    assert store.hot_pool.num_free == 1  # ... which stays the decode reserve (two requests)
+    assert store.stats.promote.pages == 0 and store.stats.promote.failed_pages == 0
+    store.unmap(other)  # the other request finished: hot pages are spare again
+    ctl.tick([seq])
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
+    assert store.stats.promote.pages == 1 and store.stats.promote.failed_pages == 0
+
+
 def test_pressure_converts_cached_then_anchor_then_recent_never_the_tail():
     store = make_store(num_logical=16, num_hot=6)
     ctl = LifecycleController(store, MinimaConfig(recent_pages=3, sink_pages=1))

@@ -19,6 +19,7 @@ from sglang_minima.hooks import (
     kv_pool_cls_hook,
     minima_radix_cache_factory,
     paged_allocator_cls_hook,
+    validate_prompt_ids_hook,
 )
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
 from sglang_minima.mem_cache.tier_store import minima_cell_size
@@ -54,6 +55,24 @@ def test_pool_and_allocator_classes_only_when_selected(monkeypatch):
     assert kv_pool_cls_hook(original, object(), kind="mha") is MinimaKVPool
     assert kv_pool_cls_hook(original, object(), kind="mla") is None
     assert paged_allocator_cls_hook(original, object()) is MinimaPagedAllocator
+
+
+def test_prompt_check_refuses_what_would_kill_the_scheduler_only_when_selected(monkeypatch):
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
+
+    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=100))
+    gen = GenerateReqInput(text="x")
+    _select(monkeypatch, None)
+    assert validate_prompt_ids_hook(manager, gen, []) is None  # not selected: SGLang's own behaviour
+    _select(monkeypatch, MinimaConfig())
+    with pytest.raises(ValueError, match="no tokens"):
+        validate_prompt_ids_hook(manager, gen, [])
+    for bad in (-1, 100, 10**12):
+        with pytest.raises(ValueError, match=rf"token id {bad} outside the vocabulary \[0, 100\)"):
+            validate_prompt_ids_hook(manager, gen, [5, bad, 7])
+    assert validate_prompt_ids_hook(manager, gen, [0, 99]) is None
+    assert validate_prompt_ids_hook(manager, EmbeddingReqInput(text="x"), []) is None
+    assert validate_prompt_ids_hook(manager, GenerateReqInput(text="x", image_data=["img"]), [10**9]) is None
 
 
 def test_cell_size_is_the_blended_bytes_per_token(monkeypatch):

@@ -197,3 +197,67 @@ def test_defer_prefill_conversion_waits_for_the_last_chunk(monkeypatch):
     req.origin_input_ids = prompt  # the last chunk is in
     t.cache.flush_pending_backups()
     assert t.pool.page_table.fmt[pages].tolist() == [FMT_HOT] + [FMT_TQ3] * 4 + [FMT_HOT]
+
+
+def _encoder_fault(monkeypatch) -> list[bool]:
+    """Make every TQ3 encode raise while ``fault[0]`` is True (the conversion's torch path)."""
+    from sglang_minima.mem_cache import tier_store
+
+    real, fault = tier_store.encode_pages, [True]
+
+    def encode(*args, **kwargs):
+        if fault[0]:
+            raise RuntimeError("injected encoder fault")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tier_store, "encode_pages", encode)
+    return fault
+
+
+def test_conversion_fault_between_steps_keeps_pages_and_serving(monkeypatch):
+    t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5)
+    req = prefill(t, "a", list(range(1, N_LONG + 1)))
+    fault = _encoder_fault(monkeypatch)
+    store = t.pool.store
+    hot_before = [b.clone() for b in store.hot_k + store.hot_v]
+    t.cache.flush_pending_backups()  # the step's retier raises inside; the step itself does not
+    pages = t.cache.live_sequences()[0]
+    phys = store.page_table.phys[pages].clone()
+    assert store.page_table.fmt[pages].tolist() == [FMT_HOT] * 6
+    assert all(torch.equal(a, b) for a, b in zip(store.hot_k + store.hot_v, hot_before))
+    assert t.pool.stats.retier.failed_pages == 4 and t.pool.stats.retier.pages == 0
+    assert store.tq3_pool.num_free == store.shape.num_tq3_pages
+    other = prefill(t, "b", list(range(500, 500 + 2 * PS)))  # serving goes on: 2 of the 2 free FP8 pages
+    assert store.hot_pool.num_free == 0
+    fault[0] = False
+    t.cache.flush_pending_backups()
+    assert store.page_table.fmt[pages].tolist() == [FMT_HOT] + [FMT_TQ3] * 4 + [FMT_HOT]
+    assert not torch.equal(store.page_table.phys[pages], phys)
+    for r in (req, other):
+        release(t, r)
+    idle_invariant(t)
+
+
+def test_conversion_fault_under_pressure_refuses_the_allocation_without_leaking(monkeypatch):
+    """No FP8 page free and the conversion that would free one raises: the allocation answers
+    None (SGLang's out-of-memory answer) and nothing moved; once the fault clears it succeeds."""
+    t = build(monkeypatch, recent_pages=8, sink_pages=0, fp8_page_fraction=0.25)  # 4 FP8 pages, 12 TQ3
+    a = prefill(t, "a", list(range(1, 4 * PS + 1)))
+    t.cache.flush_pending_backups()
+    store = t.pool.store
+    fault = _encoder_fault(monkeypatch)
+    hot_before = [b.clone() for b in store.hot_k + store.hot_v]
+    available = t.allocator.available_size()
+    lens = lambda x: torch.tensor([x])  # noqa: E731
+    out = t.allocator.alloc_extend(lens(0), lens(0), lens(2 * PS), lens(2 * PS), torch.tensor([-1]), 2 * PS)
+    assert out is None
+    assert t.allocator.available_size() == available
+    assert store.hot_pool.num_free == 0 and store.tq3_pool.num_free == store.shape.num_tq3_pages
+    assert all(torch.equal(a_, b_) for a_, b_ in zip(store.hot_k + store.hot_v, hot_before))
+    assert store.stats.retier.failed_pages == 2 and store.stats.pressure_retier_pages == 0
+    fault[0] = False
+    b = prefill(t, "b", list(range(1000, 1000 + 2 * PS)))
+    assert store.stats.pressure_retier_pages == 2
+    for req in (a, b):
+        release(t, req)
+    idle_invariant(t)

@@ -58,21 +58,54 @@ def test_source_page_is_released_only_after_its_readers_clear():
     assert store.hot_pool.num_free == free_before + 1
 
 
-def test_failed_conversion_leaves_page_in_fp8(monkeypatch):
+@pytest.mark.parametrize("failing_layer", [0, 1])
+def test_failed_conversion_leaves_page_in_fp8(monkeypatch, failing_layer):
     store = make_store()
     pages = torch.tensor([4, 5])
     k, _ = _filled(store, pages)
+    phys = store.page_table.phys[pages].clone()
+    hot_before = [b.clone() for b in store.hot_k + store.hot_v]
+    real, calls = tier_store.encode_pages, []
 
     def broken(*args, **kwargs):
-        raise RuntimeError("encoder fault")
+        calls.append(1)
+        if len(calls) > failing_layer:  # layer 1: layer 0's TQ3 bytes were already written
+            raise RuntimeError("encoder fault")
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(tier_store, "encode_pages", broken)
     assert store.retier(pages) == 0
     assert store.page_table.fmt[pages].tolist() == [FMT_HOT, FMT_HOT]
+    assert torch.equal(store.page_table.phys[pages], phys)
+    assert all(torch.equal(a, b) for a, b in zip(store.hot_k + store.hot_v, hot_before))
     assert store.tq3_pool.num_free == store.shape.num_tq3_pages
     assert store.hot_pool.refcount[store.page_table.phys[pages].long()].tolist() == [1, 1]
-    assert store.stats.retier.failed_pages == 2
+    assert store.stats.retier.failed_pages == 2 and store.stats.retier.pages == 0
     assert rel_err(read_page(store, 4, 0)[0], k[0, 0]) < 0.1
+    monkeypatch.setattr(tier_store, "encode_pages", real)  # the fault clears: the next batch converts
+    assert store.retier(pages) == 2 and store.stats.retier.failed_pages == 2
+
+
+def test_failed_promotion_leaves_page_in_tq3(monkeypatch):
+    store = make_store()
+    pages = torch.tensor([4, 5])
+    _filled(store, pages)
+    assert store.retier(pages) == 2
+    phys = store.page_table.phys[pages].clone()
+    tq3_before = [b.clone() for b in store.tq3]
+    free_hot = store.hot_pool.num_free
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("decoder fault")
+
+    monkeypatch.setattr(tier_store, "decode_pages", broken)
+    assert store.promote(pages) == 0
+    assert store.page_table.fmt[pages].tolist() == [FMT_TQ3, FMT_TQ3]
+    assert torch.equal(store.page_table.phys[pages], phys)
+    assert all(torch.equal(a, b) for a, b in zip(store.tq3, tq3_before))
+    assert store.hot_pool.num_free == free_hot
+    assert store.tq3_pool.refcount[phys.long()].tolist() == [1, 1]
+    assert store.stats.promote.failed_pages == 2 and store.stats.promote.pages == 0
 
 
 def test_unmap_of_unmapped_page_is_a_double_free():
