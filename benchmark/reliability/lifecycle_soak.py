@@ -16,11 +16,13 @@ import argparse
 import json
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "test"), str(ROOT / "test" / "mem_cache")]
@@ -42,9 +44,20 @@ def main() -> None:
     args = ap.parse_args()
     Lifecycle.attention_every = args.attention_every
     t0 = time.time()
-    run_state_machine_as_test(Lifecycle, settings=settings(
-        max_examples=args.examples, stateful_step_count=args.steps, deadline=None, derandomize=True,
-        suppress_health_check=list(HealthCheck), print_blob=True))
+    done = threading.Event()
+    with tqdm(total=args.examples * args.steps, desc="operations", unit="op") as bar:
+        def progress() -> None:  # hypothesis runs the machine in this thread: follow its counter
+            while not done.wait(1.0):
+                bar.update(Lifecycle.steps_run - bar.n)
+
+        threading.Thread(target=progress, daemon=True).start()
+        try:
+            run_state_machine_as_test(Lifecycle, settings=settings(
+                max_examples=args.examples, stateful_step_count=args.steps, deadline=None, derandomize=True,
+                suppress_health_check=list(HealthCheck), print_blob=True))
+        finally:
+            done.set()
+            bar.update(Lifecycle.steps_run - bar.n)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {platform.node()}",
