@@ -16,6 +16,11 @@ prompts SGLang 0.5.23 passes on and that then kill the scheduler: no tokens (``"
 zero-length extend) and token ids outside the vocabulary (the embedding lookup raises);
 docs/results/reliability/bad_input.md.
 
+``sglang.srt.models.utils.enable_fused_set_kv_buffer`` (AROUND) answers False when Minima is
+selected: on CUDA with a bf16 pool (``--minima-hot-dtype auto``) some models (Qwen3-MoE, gpt-oss, ...)
+would let their RoPE kernel write K/V at the logical ``out_cache_loc`` straight into the pool's
+buffers, past Minima's logical-to-hot slot translation; unfused, they call ``set_kv_buffer``.
+
 ``plugin.register()`` installs these; like the plugin, this module is wiring: nothing below imports it.
 """
 
@@ -42,6 +47,7 @@ _PLATFORM = "sglang.srt.platforms.interface.SRTPlatform"
 _CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
 
 _VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+_FUSED_KV_WRITE = "sglang.srt.models.utils.enable_fused_set_kv_buffer"
 
 _installed = False
 
@@ -57,6 +63,7 @@ def install_memory_hooks() -> None:
     HookRegistry.register(f"{_PLATFORM}.get_paged_allocator_cls", paged_allocator_cls_hook, HookType.AROUND)
     HookRegistry.register(_CELL_SIZE, cell_size_hook, HookType.AROUND)
     HookRegistry.register(_VALIDATE_REQUEST, validate_prompt_ids_hook, HookType.BEFORE)
+    HookRegistry.register(_FUSED_KV_WRITE, fused_kv_write_hook, HookType.AROUND)
     _installed = True
 
 
@@ -80,6 +87,12 @@ def check_prompt_ids(input_ids, vocab_size: int) -> None:
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
         raise ValueError(f"The prompt has token id {bad} outside the vocabulary [0, {vocab_size}).")
+
+
+def fused_kv_write_hook(original_fn, *args, **kwargs) -> bool:
+    if minima_selected():
+        return False  # every K/V write goes through MinimaKVPool.set_kv_buffer (slot translation)
+    return original_fn(*args, **kwargs)
 
 
 def minima_radix_cache_factory(ctx):

@@ -15,6 +15,7 @@ from sglang_minima.config import CONFIG_ENV, MinimaConfig
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.hooks import (
     cell_size_hook,
+    fused_kv_write_hook,
     install_memory_hooks,
     kv_pool_cls_hook,
     minima_radix_cache_factory,
@@ -73,6 +74,19 @@ def test_prompt_check_refuses_what_would_kill_the_scheduler_only_when_selected(m
     assert validate_prompt_ids_hook(manager, gen, [0, 99]) is None
     assert validate_prompt_ids_hook(manager, EmbeddingReqInput(text="x"), []) is None
     assert validate_prompt_ids_hook(manager, GenerateReqInput(text="x", image_data=["img"]), [10**9]) is None
+
+
+def test_fused_rope_kv_write_is_off_only_when_selected(monkeypatch):
+    import sglang.srt.models.utils as model_utils
+
+    install_memory_hooks()
+    assert "sglang.srt.models.utils.enable_fused_set_kv_buffer" in HookRegistry._hooks
+    fused = lambda forward_batch: True  # noqa: E731  (CUDA with a bf16 pool)
+    _select(monkeypatch, None)
+    assert fused_kv_write_hook(fused, object()) is True
+    _select(monkeypatch, MinimaConfig(hot_dtype="auto"))
+    assert fused_kv_write_hook(fused, object()) is False
+    assert callable(model_utils.enable_fused_set_kv_buffer)  # the hooked target exists in SGLang 0.5.23
 
 
 def test_cell_size_is_the_blended_bytes_per_token(monkeypatch):
