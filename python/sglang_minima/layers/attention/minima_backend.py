@@ -14,6 +14,7 @@ path and counted as a fallback (``sglang:minima_fallbacks_total``).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 128 << 20
 """FlashInfer's decode workspace (its split-KV scratch), allocated once per backend."""
@@ -44,21 +47,27 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._wrapper = None  # built at the first decode layer: its head counts, dtype and scale are the layer's
         self._wrapper_key: tuple | None = None
-        self._planned = False
+        self._planned: bool | None = None  # this step: not planned yet, planned, or refused by the kernels
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         super().init_forward_metadata(forward_batch)
-        self._planned = False  # planned at this step's first layer, once its shapes are known
+        self._planned = None  # planned at this step's first layer, once its shapes are known
 
     def _decode_batch(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
         wrapper = self._wrapper_for(q, layer)
-        if wrapper is None:
+        if wrapper is not None and self._planned is None:
+            plan = self.forward_metadata.plan
+            try:
+                wrapper.plan(plan.hot.indptr, plan.hot.pages, plan.hot_last_page_len, plan.tq3.indptr, plan.tq3.pages)
+                self._planned = True
+            except (ValueError, NotImplementedError) as e:  # a batch the kernels' rules refuse: this step only
+                logger.warning("minima: decode step on the torch path: %s", e)
+                self._planned = False
+        if wrapper is None or not self._planned:
+            if layer.layer_id == self._last_layer_id:
+                self.token_to_kv_pool.note_fallback()  # once per step: the torch path attended this batch
             return super()._decode_batch(q, layer)
         pool, lid = self.token_to_kv_pool, self._pool_layer(layer)
-        plan = self.forward_metadata.plan
-        if not self._planned:
-            wrapper.plan(plan.hot.indptr, plan.hot.pages, plan.hot_last_page_len, plan.tq3.indptr, plan.tq3.pages)
-            self._planned = True
         h, d, ps = pool.head_num, pool.head_dim, pool.page_size
         k = pool.hot_k_buffer(lid).view(torch.float8_e4m3fn).view(-1, ps, h, d)
         v = pool.hot_v_buffer(lid).view(torch.float8_e4m3fn).view(-1, ps, h, d)
@@ -69,7 +78,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         return out.clone()  # the wrapper's output buffer is the next layer's too
 
     def _wrapper_for(self, q: torch.Tensor, layer: RadixAttention):
-        """The decode wrapper for this layer's shapes, or None where the kernels do not apply (counted)."""
+        """The decode wrapper for this layer's shapes, or None where the kernels do not build for them."""
         pool = self.token_to_kv_pool
         q_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         key = (q.shape[1], pool.head_num, pool.head_dim, pool.page_size, float(layer.scaling), q_dtype)
@@ -84,7 +93,5 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             except (ValueError, NotImplementedError):
                 self._wrapper = None
             self._wrapper_key = key
-            self._planned = False
-        if self._wrapper is None and layer.layer_id == self._last_layer_id:
-            pool.note_fallback()  # once per step: the torch path attended this decode batch
+            self._planned = None
         return self._wrapper
