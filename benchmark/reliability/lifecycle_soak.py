@@ -6,7 +6,7 @@ attention-vs-dense check every ``--attention-every`` operations) with
 many more examples and longer runs than CI's profile (15 x 30), and records how many operations
 ran, how long it took and the seed, as JSON + markdown.
 
-  .venv/bin/python benchmark/reliability/lifecycle_soak.py --examples 1000 --steps 100 --attention-every 50 \\
+  .venv/bin/python benchmark/reliability/lifecycle_soak.py --examples 1250 --steps 100 --attention-every 50 \\
       --out docs/results/reliability/lifecycle_soak.json
 
 Many examples of 100 operations rather than few long ones: every example starts from an empty pool
@@ -41,7 +41,7 @@ from test_lifecycle_property import Lifecycle  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--examples", type=int, default=1000)
+    ap.add_argument("--examples", type=int, default=1250)
     ap.add_argument("--steps", type=int, default=100, help="operations per example (hypothesis may stop earlier)")
     ap.add_argument("--attention-every", type=int, default=50,
                     help="check attention against the dense reference every N operations (ownership: always)")
