@@ -23,6 +23,7 @@ mixed shapes (docs/results/kernels.md). The choice and the split counts are
 ``heuristics.choose_path`` (pure, CPU-tested), its waves counted in the device's SMs.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -33,7 +34,16 @@ from sglang_minima.codec.rotation import is_power_of_two
 
 from .common import key_centroids_fp16
 from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel
-from .heuristics import FP8_KERNELS, choose_path, device_sm_count, fp8_tile_config, fused_build_of, tile_config
+from .heuristics import (
+    FP8_KERNELS,
+    TWO_PAGE_STEP_MIN_PAGES,
+    choose_path,
+    device_sm_count,
+    fp8_tile_config,
+    fused_build_of,
+    tile_config,
+    tilelang_fp8_applies,
+)
 from .mixed_decode import mixed_decode_kernel
 from .rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel, tq3_merge_splits
 from .split_decode import TQ3_BUILD_OPTIONS
@@ -221,18 +231,13 @@ class MinimaDecodeWrapper:
             else None
         )
         # the kernels of the two builds, each compiled on first use (a failed build leaves the plan as it was)
-        shape = (self.num_kv_heads, self.group_size, self.head_dim)
         fp8_kernel = tq3_kernel = mixed_kernel = None
         if use_fused:
-            fused_build = fused_build_of(tq3_build, self.page_size)
-            make = partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim), self._dtype_name)
-            mixed_kernel = _built(self._mixed_kernels, fused_build, make)
+            mixed_kernel = _built(self._mixed_kernels, fused_build_of(tq3_build, self.page_size), self._make_mixed())
         if use_tilelang:
-            make = partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
-            fp8_kernel = _built(self._fp8_kernels, fp8_build, make)
+            fp8_kernel = _built(self._fp8_kernels, fp8_build, self._make_fp8())
         if has_tq3 and not use_fused:  # (a fused plan's TQ3 pages are its mixed kernel's)
-            make = partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim))
-            tq3_kernel = _built(self._tq3_kernels, tq3_build, make)
+            tq3_kernel = _built(self._tq3_kernels, tq3_build, self._make_tq3())
         # validated: from here on the wrapper's state changes
         self._tq3_build, self._tq3_kernel = tq3_build, tq3_kernel
         self._fp8_build, self._fp8_kernel = fp8_build, fp8_kernel
@@ -285,6 +290,62 @@ class MinimaDecodeWrapper:
         self._lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
         self._fp8_out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
         self._fp8_lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
+
+    def _make_tq3(self):
+        shape = (self.num_kv_heads, self.group_size, self.head_dim)
+        return partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim))
+
+    def _make_mixed(self):
+        shape = (self.num_kv_heads, self.group_size, self.head_dim)
+        cent = key_centroids_fp16(self.head_dim)
+        return partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, cent, self._dtype_name)
+
+    def _make_fp8(self):
+        shape = (self.num_kv_heads, self.group_size, self.head_dim)
+        return partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
+
+    def compile(self, max_workers: int = 8) -> int:
+        """Build every kernel ``plan`` may pick under this wrapper's ``fp8_kernel``, side by side
+        (nvcc runs in subprocesses), and FlashInfer's FP8 decode (its JIT module, by one plan and
+        run over a one-page cache): afterwards no ``plan`` compiles, so a server builds before it
+        serves, not inside its first decode step or a graph capture. It replaces the wrapper's plan
+        (plan() again before run()). Returns the TileLang builds made (0 when all were built)."""
+        g, p, d, fp8_p = self.group_size, self.page_size, self.head_dim, self.fp8_page_size
+        choice = self.fp8_kernel
+        jobs: list[tuple[dict, dict[str, int], object]] = []
+        for batch in (1, None):  # tile_config's two TQ3 builds: one request, and batches
+            tq3_build = {**tile_config(g, p, d, batch), **self._tq3_config}
+            jobs.append((self._tq3_kernels, tq3_build, self._make_tq3()))
+            if choice in ("auto", "fused") and fp8_p == p:
+                jobs.append((self._mixed_kernels, fused_build_of(tq3_build, p), self._make_mixed()))
+        if choice in ("auto", "tilelang") and tilelang_fp8_applies(g, fp8_p):
+            for pages_per_split in (1, TWO_PAGE_STEP_MIN_PAGES):  # fp8_tile_config's one- and two-page steps
+                jobs.append((self._fp8_kernels, {**fp8_tile_config(fp8_p, d, pages_per_split), **self._fp8_config}, self._make_fp8()))
+        todo: dict[tuple, tuple[dict, dict[str, int], object]] = {}
+        for cache, build, make in jobs:
+            key = tuple(sorted(build.items()))
+            if key not in cache:
+                todo.setdefault((id(cache), key), (cache, build, make))
+        with ThreadPoolExecutor(max(1, min(max_workers, len(todo)))) as pool:
+            built = list(pool.map(lambda job: job[2](**job[1]), todo.values()))
+        for (cache, build, _), kernel in zip(todo.values(), built):
+            cache[tuple(sorted(build.items()))] = kernel
+        self._compile_flashinfer()
+        return len(todo)
+
+    def _compile_flashinfer(self) -> None:
+        """FlashInfer's FP8 decode JIT module (q dtype, e4m3 pages, head dim), by one plan and run."""
+        dev, h, d = self.device, self.num_kv_heads, self.head_dim
+        one = torch.tensor([0, 1], dtype=torch.int32, device=dev)
+        self._fp8.plan(
+            one, one[:1], one[1:], self.num_qo_heads, h, d, self.fp8_page_size,
+            q_data_type=self.q_dtype, kv_data_type=torch.float8_e4m3fn, sm_scale=self.sm_scale,
+        )
+        cache = torch.zeros(1, self.fp8_page_size, h, d, device=dev, dtype=torch.float8_e4m3fn)
+        self._fp8.run(torch.zeros(1, self.num_qo_heads, d, device=dev, dtype=self.q_dtype), (cache, cache))
+        # FlashInfer now holds this one-page plan, not the caller's: plan() again before run()
+        self._has_fp8 = self._has_tq3 = False
+        self.tq3_plan = self.fp8_plan = None
 
     @property
     def fp8_kernel(self) -> str:
@@ -374,6 +435,8 @@ class MinimaDecodeWrapper:
         are the plan's buffers, overwritten by the next run."""
         if q.dtype != self.q_dtype:
             raise ValueError(f"q has dtype {q.dtype}, the wrapper was built for {self.q_dtype}")
+        if not (self._has_fp8 or self._has_tq3):
+            raise RuntimeError("run() before plan() (or after compile(), which plans a batch of its own)")
         if not self._has_tq3:
             return self._run_fp8(q, fp8_kv_cache, k_scale=k_scale, v_scale=v_scale)
         if self._mixed_kernel is not None:

@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 timeout 240 python3 scripts/device/warm_kernels.py ${WARM_ARGS:-} 2>&1 | tee "$OUT/warm.log" | grep -v "^\s*$" | tail -40
 # one pytest process per group: a CUDA error is sticky for its process, so one failing kernel must
 # not take the other groups' results down with it
-IFS="|" read -ra groups <<< "${TEST_GROUPS:-bit_identical or glue_rotations or split_combine|mixed_decode|all_fp8 or without_fp8 or long_context or more_splits_than_pages or single_request or fp8_build or fused}"
+IFS="|" read -ra groups <<< "${TEST_GROUPS:-bit_identical or glue_rotations or split_combine|mixed_decode|all_fp8 or without_fp8 or long_context or more_splits_than_pages or single_request or fp8_build or fused or compile_builds}"
 for i in "${!groups[@]}"; do
   timeout -s INT "$test_timeout" python3 -m pytest test/gpu/test_kernels.py -k "${groups[$i]}" -v -s -p no:cacheprovider \
     --confcutdir=test/gpu -o addopts="" --junitxml "$OUT/junit_kernels_$i.xml" 2>&1 | tee -a "$OUT/tests.log" \

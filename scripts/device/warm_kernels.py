@@ -3,7 +3,8 @@
 TileLang kernels (nvcc) and FlashInfer's JIT modules each take seconds to tens of seconds to build;
 built one after another inside the tests they would eat most of a device call. Threads overlap the
 nvcc/ninja subprocesses on the device's CPU cores; the caches they fill (~/.tilelang, ~/.cache/flashinfer)
-serve the tests and the benchmark that follow in the same call.
+serve the tests and the benchmark that follow in the same call. ``--serving``: only the decode
+kernels ``--attention-backend minima`` builds for the device e2e suite's models.
 """
 
 import math
@@ -24,6 +25,8 @@ from sglang_minima.codec.rotation import fp32_inv_sqrt
 
 TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
 BENCH_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 64), (9, 3, 64, 64)]
+# the device e2e suite's models at the launcher's page size: SmolLM2-135M, Llama-3-8B-class, Qwen3.6-class
+SERVING_GEOMETRIES = [(9, 3, 64, 64), (32, 8, 128, 64), (24, 4, 256, 64)]
 
 
 def unique(builds: list[dict]) -> list[dict]:
@@ -142,9 +145,24 @@ def flashinfer_jobs():
             yield f"flashinfer {hq}/{h}/{d} {dtype} tensor_cores={tensor_cores}", build
 
 
+def serving_jobs():
+    """The decode kernels ``--attention-backend minima`` builds for the device e2e suite's models
+    (``MinimaDecodeWrapper.compile``, as the backend does), so its servers find them built."""
+    from minima_kernels import MinimaDecodeWrapper
+
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    for hq, h, d, p in SERVING_GEOMETRIES:
+        yield (
+            f"serving decode {hq}/{h}/{d}/p{p}",
+            lambda hq=hq, h=h, d=d, p=p: MinimaDecodeWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5).compile(),
+        )
+
+
 def main() -> int:
     t0 = time.time()
-    if "--variants-only" in sys.argv:  # for bench_decode.py --variants-only
+    if "--serving" in sys.argv:
+        jobs = list(serving_jobs())
+    elif "--variants-only" in sys.argv:  # for bench_decode.py --variants-only
         jobs = list(variant_jobs())
     else:
         jobs = list(variant_jobs()) + list(tilelang_jobs("--decode-only" in sys.argv)) + list(flashinfer_jobs())

@@ -242,6 +242,33 @@ def test_fp8_build_follows_split_length(hq: int, h: int, d: int, p: int) -> None
     assert len(wrapper._fp8_kernels) == (2 if d <= 128 else 1)
 
 
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_compile_builds_every_kernel_plan_picks(hq: int, h: int, d: int, p: int) -> None:
+    # compile() ahead of serving: afterwards plans of one request and of batches, short and long,
+    # on every path "auto" takes, build nothing more; run() before a new plan is refused
+    from kv_fixtures import make_batch
+
+    wrapper = _wrapper(hq, h, d, p, "auto")
+    made = wrapper.compile()
+    assert made == len(wrapper._tq3_kernels) + len(wrapper._mixed_kernels) + len(wrapper._fp8_kernels) > 0
+    q = torch.zeros(1, hq, d, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="before plan"):
+        wrapper.run(q, None, None, torch.ones(h, d, device="cuda"))
+    assert wrapper.compile() == 0
+    sizes = (len(wrapper._tq3_kernels), len(wrapper._mixed_kernels), len(wrapper._fp8_kernels))
+    cases = [
+        ([3], [45], [p - 2]),
+        ([400], [40], [p - 3]),
+        ([1, 3, 2], [20, 0, 33], [1, p - 1, 7]),
+        ([2] * 32, [64] * 32, [5] * 32),
+        ([300] * 4, [8] * 4, [p] * 4),
+    ]
+    for seed, (fp8_pages, tq3_pages, last) in enumerate(cases):
+        batch = make_batch(hq, h, d, p, fp8_pages, tq3_pages, last, seed=hq + 40 + seed)
+        _check(batch, *_run_poisoned(wrapper, batch), hq, d)
+    assert (len(wrapper._tq3_kernels), len(wrapper._mixed_kernels), len(wrapper._fp8_kernels)) == sizes
+
+
 def test_long_context_many_splits() -> None:
     from kv_fixtures import make_batch
 

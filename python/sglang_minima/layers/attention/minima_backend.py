@@ -7,7 +7,8 @@ and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill a
 ``minima_native``'s torch path (the FlashInfer prefill over a mixed prefix is issue #16's next step).
 
 This first form is eager: the wrapper sizes its buffers from the step's page counts (a host sync per
-step), so servers run without CUDA graphs. A decode step the kernels cannot serve (head dims that
+step), so servers run without CUDA graphs. Every kernel a plan may pick is built when the wrapper is
+made (``MinimaDecodeWrapper.compile``), at the first decode of SGLang's start-up warm-up. A decode step the kernels cannot serve (head dims that
 are not a power of two, GQA groups or page sizes they were not built for) is attended by the torch
 path and counted as a fallback (``sglang:minima_fallbacks_total``).
 """
@@ -15,6 +16,7 @@ path and counted as a fallback (``sglang:minima_fallbacks_total``).
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -90,8 +92,15 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
                     self._workspace, q.shape[1], pool.head_num, pool.head_dim, pool.page_size,
                     sm_scale=float(layer.scaling), q_dtype=q_dtype,
                 )
-            except (ValueError, NotImplementedError):
+            except (ValueError, NotImplementedError) as e:
+                logger.warning("minima: decode on the torch path, the kernels do not build for %s: %s", key, e)
                 self._wrapper = None
+            else:
+                # every build a plan may pick, now: SGLang's first forward of these shapes is its warm-up
+                # (or a graph capture's warm-up run), not a request's decode step
+                t0 = time.perf_counter()
+                made = self._wrapper.compile()
+                logger.info("minima: %d decode kernels built for %s in %.1f s", made, key, time.perf_counter() - t0)
             self._wrapper_key = key
             self._planned = None
         return self._wrapper
