@@ -53,6 +53,12 @@ prepare() {
   tree_kb=$(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | du -c -k --files0-from=- | tail -1 | cut -f1)
   echo "prepared $n parts (carry one per call, in order; the working tree adds $((tree_kb / 1024)) MiB, 64 MiB a call):"
   du -sh "$BUNDLE"/p*
+  local part_kb
+  part_kb=$(du -s -k "$BUNDLE/p1" | cut -f1)
+  if ((part_kb + tree_kb > 65536)); then  # the device refuses a call over 64 MiB
+    echo "harness: a part (${part_kb} KiB) and the working tree (${tree_kb} KiB) exceed 64 MiB: PARTS=$((n + 1))" >&2
+    return 1
+  fi
 }
 
 install() {
