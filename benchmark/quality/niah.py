@@ -112,8 +112,6 @@ def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[st
                   "--cuda-graph-backend-prefill", "disabled"]
         if not spec.is_minima:
             flags += ["--attention-backend", "torch_native"]
-    elif spec.is_minima:
-        flags += ["--attention-backend", "minima_native"]
     if chunk != "default":
         flags += ["--chunked-prefill-size", chunk]
     return flags + list(spec.flags)

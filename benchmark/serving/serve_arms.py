@@ -10,9 +10,9 @@ same harness flags. Per arm: seconds until /health answers; greedy ``output_ids`
 CPU run of the same prompts): a figure, not an assertion.
 
 Arms:
-  minima       Minima defaults (Recent/Anchor FP8, Stale TQ3), minima_native attention
+  minima       Minima defaults (Recent/Anchor FP8, Stale TQ3; attention: minima on GPU, minima_native on CPU)
   minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
-  minima-kernels  Minima with --attention-backend minima (decode by the fused GPU kernels; GPU only)
+  minima-native  Minima with --attention-backend minima_native (the torch path; on GPU tensors there)
   sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
   sglang-bf16  SGLang's own path in the model dtype (flashinfer on GPU, torch_native on CPU)
 Diagnostic arms (greedy agreement: which part of a path changes its tokens):
@@ -87,7 +87,7 @@ def arms(device: str) -> dict[str, Arm]:
     return {
         "minima": Arm("minima", "sglang_minima.launch_server", []),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
-        "minima-kernels": Arm("minima-kernels", "sglang_minima.launch_server", ["--attention-backend", "minima"]),
+        "minima-native": Arm("minima-native", "sglang_minima.launch_server", ["--attention-backend", "minima_native"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),
         "sglang-bf16": Arm("sglang-bf16", "sglang.launch_server", sglang),
         "minima-serial": Arm("minima-serial", "sglang_minima.launch_server", ["--disable-overlap-schedule"]),

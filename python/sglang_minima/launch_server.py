@@ -4,10 +4,12 @@ Every SGLang flag works as with ``python -m sglang.launch_server``; ``--minima-*
 off, validated into one MinimaConfig and carried to the scheduler process in the environment.
 Unless the user chose otherwise, Minima's attention and radix-cache backends are selected; with
 ``--device cpu`` (or no CUDA) SGLang's CPU engine is set up; with no ``--model-path`` the embedded
-default model (SmolLM2-135M-Instruct) is served. On CUDA the attention backend is ``minima_native``
-(the torch reference over GPU tensors) until the ``minima`` kernel backend (``--attention-backend
-minima``: decode through the fused kernels) has passed the device suite. Both plan each step with
-host syncs, so their servers run without CUDA graphs.
+default model (SmolLM2-135M-Instruct) is served. The attention backend is ``minima`` on CUDA (decode
+through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
+(hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
+``--minima-attention-score-anchors``) selects ``minima_native``, and is refused with
+``--attention-backend minima``. Both plan each step with host syncs, so their servers run without
+CUDA graphs.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sglang_minima.config import (
     set_active_config,
     split_minima_argv,
 )
-from sglang_minima.layers.attention import MINIMA_ATTENTION_BACKENDS, MINIMA_NATIVE_BACKEND
+from sglang_minima.layers.attention import MINIMA_ATTENTION_BACKENDS, MINIMA_BACKEND, MINIMA_NATIVE_BACKEND
 
 logger = logging.getLogger("sglang_minima.launch_server")
 
@@ -97,7 +99,8 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
         from sglang_minima.models import ensure_default_model
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
-    sglang_argv += _default_flags(sglang_argv, on_cpu)
+    _check_kernel_backend(config, sglang_argv, on_cpu)
+    sglang_argv += _default_flags(sglang_argv, on_cpu, _default_backend(config, on_cpu))
     set_active_config(config)
     return config, sglang_argv
 
@@ -158,9 +161,40 @@ def check_supported(server_args) -> None:
         )
 
 
-def _default_flags(argv: list[str], on_cpu: bool) -> list[str]:
+def _kernel_limits(config: MinimaConfig) -> list[str]:
+    """The ``--minima-*`` flags given that the ``minima`` (GPU kernel) backend cannot honour."""
+    limits = []
+    if config.hot_dtype != "fp8_e4m3":
+        limits.append(f"--minima-hot-dtype {config.hot_dtype} (the kernels read FP8 hot pages)")
+    if config.attention_score_anchors:
+        limits.append("--minima-attention-score-anchors (the kernels collect no page scores)")
+    return limits
+
+
+def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:
+    """``minima`` on CUDA, unless a flag needs the torch path; ``minima_native`` on CPU."""
+    if on_cpu:
+        return MINIMA_NATIVE_BACKEND
+    if limits := _kernel_limits(config):
+        logger.info("attention backend %s: %s", MINIMA_NATIVE_BACKEND, "; ".join(limits))
+        return MINIMA_NATIVE_BACKEND
+    return MINIMA_BACKEND
+
+
+def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -> None:
+    """An explicit ``minima`` backend where it cannot serve: one message naming the flags."""
+    for flag in ("--attention-backend", "--decode-attention-backend"):
+        if _flag_value(argv, flag) != MINIMA_BACKEND:
+            continue
+        if on_cpu:
+            raise LaunchError(f"{flag} {MINIMA_BACKEND} runs the GPU kernels: on CPU use {MINIMA_NATIVE_BACKEND}")
+        if limits := _kernel_limits(config):
+            raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
+
+
+def _default_flags(argv: list[str], on_cpu: bool, backend: str) -> list[str]:
     defaults: list[tuple[tuple[str, ...], list[str]]] = [
-        (("--attention-backend",), ["--attention-backend", MINIMA_NATIVE_BACKEND]),
+        (("--attention-backend",), ["--attention-backend", backend]),
         (("--radix-cache-backend",), ["--radix-cache-backend", "minima"]),
         (("--page-size",), ["--page-size", str(DEFAULT_PAGE_SIZE)]),
     ]

@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 phase=${1:-tests}; budget=${2:-540}
 OUT=${OUT:-/tmp/out}/$phase; mkdir -p "$OUT"
-WORK=/tmp/minima-suite/$phase; rm -rf "$WORK"; mkdir -p "$WORK"
+WORK=${WORK:-/tmp/minima-suite/$phase}; rm -rf "$WORK"; mkdir -p "$WORK"  # WORK, OUT: one pair per concurrent run of a phase
 . scripts/device/env.sh
 t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$WORK/gpu.txt"
@@ -42,7 +42,8 @@ tests)
 serve)
   # ARMS: the arms in turn (after `tests` on the same warm machine, flashinfer's JIT cache is warm)
   arms=${ARMS:-minima,sglang-fp8}
-  timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --arms "$arms" \
+  # SERVE_ARGS (env): serve_arms.py's workload flags, e.g. "--input-len 2048 --num-prompts 16"
+  timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --arms "$arms" ${SERVE_ARGS:-} \
     --reference docs/results/device/greedy_cpu.json --work "$WORK/serve" --out "$OUT/serve_${arms//,/_}.json" \
     > "$WORK/serve.log" 2>&1
   tail -20 "$WORK/serve.log"

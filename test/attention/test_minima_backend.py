@@ -38,3 +38,28 @@ def test_kernel_decode_matches_minima_native(monkeypatch):
             # the kernels take bf16 queries and give bf16 outputs: bf16 tolerance
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert kernels._wrapper is not None and h.pool.stats.fallbacks == 0
+
+
+@pytest.mark.gpu
+def test_a_step_the_kernels_refuse_is_attended_by_the_torch_path_and_counted(monkeypatch):
+    from minima_kernels import MinimaDecodeWrapper
+
+    h = Harness.real(monkeypatch, device="cuda")
+    kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
+    h.step({1: 2 * PS + 5, 2: PS + 1}, ForwardMode.EXTEND)
+    h.retier_prefix(1, 1)
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("num_splits=0: the split combine takes 1 to 1024")  # as choose_path refuses
+
+    monkeypatch.setattr(MinimaDecodeWrapper, "plan", refuse)
+    for step in range(2):
+        fb = h.batch({1: 1, 2: 1}, ForwardMode.DECODE)
+        h.backend.init_forward_metadata(fb)
+        kernels.init_forward_metadata(fb)
+        for layer in h.layers:
+            q, k, v = h.qkv(2)
+            want = h.backend.forward(q, k, v, layer, fb)
+            got = kernels.forward(q, k, v, layer, fb, save_kv_cache=False)
+            torch.testing.assert_close(got, want)  # the torch path itself: the same op, the same bits
+        assert h.pool.stats.fallbacks == step + 1  # once per step, not per layer

@@ -36,8 +36,9 @@ def test_greedy_matches_transformers(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     expected = [_hf_greedy(model, tok(prompt, return_tensors="pt").input_ids) for prompt in PROMPTS]
 
+    # model-dtype hot pages: the torch path on every device (the GPU kernels read FP8 pages)
     server = launch(["--model-path", str(model_dir), "--dtype", "float32", "--page-size", "16",
-                     "--minima-hot-dtype", "auto", "--minima-disable-stale"],
+                     "--attention-backend", "minima_native", "--minima-hot-dtype", "auto", "--minima-disable-stale"],
                     tmp_path_factory.mktemp("parity") / "server.log")
     try:
         for prompt, want in zip(PROMPTS, expected):

@@ -34,13 +34,31 @@ def test_defaults_select_minima_on_cpu(monkeypatch, tmp_path):
     assert not any(a.startswith("--minima-") for a in argv)
 
 
-def test_defaults_on_gpu_serve_minima_native_without_graphs(monkeypatch, tmp_path):
+def test_defaults_on_gpu_serve_the_kernels_without_graphs(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path)])
     flags = dict(zip(argv[::2], argv[1::2]))
     assert "--device" not in flags and "--max-total-tokens" not in flags
-    assert flags["--attention-backend"] == "minima_native"
+    assert flags["--attention-backend"] == "minima"
     assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
+
+
+@pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"]])
+def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), *minima_flags])
+    assert dict(zip(argv[::2], argv[1::2]))["--attention-backend"] == "minima_native"
+    with pytest.raises(LaunchError) as e:  # asked for explicitly: refused, naming the flags
+        launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima", *minima_flags])
+    assert minima_flags[0] in e.value.message and "--attention-backend minima" in e.value.message
+
+
+def test_kernel_backend_is_refused_on_cpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: False)
+    monkeypatch.setattr("sglang_minima.cpu_engine.setup_cpu_engine", lambda: None)
+    with pytest.raises(LaunchError) as e:
+        launch_server.prepare(["--model-path", str(tmp_path), "--decode-attention-backend", "minima"])
+    assert "--decode-attention-backend minima runs the GPU kernels" in e.value.message
 
 
 def test_kernel_backend_on_gpu_runs_without_graphs(monkeypatch, tmp_path):
