@@ -15,6 +15,7 @@ Arms:
   minima-native  Minima with --attention-backend minima_native (the torch path; on GPU tensors there)
   sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
   sglang-bf16  SGLang's own path in the model dtype (flashinfer on GPU, torch_native on CPU)
+  sglang-fp8-eager  sglang-fp8 without decode CUDA graphs (what an eager step costs, beside Minima's eager one)
 Diagnostic arms (greedy agreement: which part of a path changes its tokens):
   minima-serial       Minima with --disable-overlap-schedule
   minima-blocking     Minima with CUDA_LAUNCH_BLOCKING=1 (no two GPU ops in flight: no stream race)
@@ -90,6 +91,8 @@ def arms(device: str) -> dict[str, Arm]:
         "minima-native": Arm("minima-native", "sglang_minima.launch_server", ["--attention-backend", "minima_native"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),
         "sglang-bf16": Arm("sglang-bf16", "sglang.launch_server", sglang),
+        "sglang-fp8-eager": Arm("sglang-fp8-eager", "sglang.launch_server",
+                                sglang + ["--kv-cache-dtype", "fp8_e4m3", "--cuda-graph-backend-decode", "disabled"]),
         "minima-serial": Arm("minima-serial", "sglang_minima.launch_server", ["--disable-overlap-schedule"]),
         "minima-blocking": Arm("minima-blocking", "sglang_minima.launch_server", [], {"CUDA_LAUNCH_BLOCKING": "1"}),
         "minima-per-request": Arm("minima-per-request", "sglang_minima.launch_server",
