@@ -100,6 +100,7 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
     _check_kernel_backend(config, sglang_argv, on_cpu)
+    _check_no_graphs(sglang_argv)
     sglang_argv += _default_flags(sglang_argv, on_cpu, _default_backend(config, on_cpu))
     set_active_config(config)
     return config, sglang_argv
@@ -190,6 +191,17 @@ def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -
             raise LaunchError(f"{flag} {MINIMA_BACKEND} runs the GPU kernels: on CPU use {MINIMA_NATIVE_BACKEND}")
         if limits := _kernel_limits(config):
             raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
+
+
+def _check_no_graphs(argv: list[str]) -> None:
+    """CUDA graphs asked for: Minima's backends plan every step on the host (not capturable yet)."""
+    for flag in ("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"):
+        value = _flag_value(argv, flag)
+        if value not in (None, "disabled"):
+            raise LaunchError(
+                f"{flag} {value}: Minima's attention backends plan every step on the host and cannot be "
+                "captured in a CUDA graph yet; leave the flag out (the launcher disables graphs) or pass disabled"
+            )
 
 
 def _default_flags(argv: list[str], on_cpu: bool, backend: str) -> list[str]:

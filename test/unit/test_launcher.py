@@ -127,3 +127,12 @@ def test_help_lists_minima_and_sglang_flags(monkeypatch, capsys):
     assert "--minima-recent-pages" in out and "--minima-disable-stale" in out
     assert out.index("--minima-recent-pages") < out.index("SGLang flags:")
     assert "--model-path" in out.split("SGLang flags:")[1] and "--page-size" in out
+
+
+@pytest.mark.parametrize("flag", ["--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"])
+def test_cuda_graphs_asked_for_are_refused_naming_the_flag(monkeypatch, tmp_path, flag):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    with pytest.raises(LaunchError) as e:
+        launch_server.prepare(["--model-path", str(tmp_path), f"{flag}=full"])
+    assert f"{flag} full" in e.value.message and "CUDA graph" in e.value.message
+    launch_server.prepare(["--model-path", str(tmp_path), flag, "disabled"])  # accepted
