@@ -1,7 +1,7 @@
 """The page-lifecycle state machine at scale: >= 100k random operations outside CI.
 
 Runs test/mem_cache/test_lifecycle_property.py's ``Lifecycle`` (append, step, convert, promote,
-prefix hit, finish, evict, abort, reader lag; the ownership invariants after every operation, the
+prefix hit, finish, evict, abort, reads by forwards in flight; the ownership invariants after every operation, the
 attention-vs-dense check every ``--attention-every`` operations) with
 many more examples and longer runs than CI's profile (15 x 30), and records how many operations
 ran, how long it took and the seed, as JSON + markdown.

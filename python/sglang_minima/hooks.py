@@ -48,6 +48,7 @@ _CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurato
 
 _VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 _FUSED_KV_WRITE = "sglang.srt.models.utils.enable_fused_set_kv_buffer"
+_SCHEDULER_IDLE = "sglang.srt.managers.scheduler.Scheduler.on_idle"
 
 _installed = False
 
@@ -64,6 +65,7 @@ def install_memory_hooks() -> None:
     HookRegistry.register(_CELL_SIZE, cell_size_hook, HookType.AROUND)
     HookRegistry.register(_VALIDATE_REQUEST, validate_prompt_ids_hook, HookType.BEFORE)
     HookRegistry.register(_FUSED_KV_WRITE, fused_kv_write_hook, HookType.AROUND)
+    HookRegistry.register(_SCHEDULER_IDLE, scheduler_idle_hook, HookType.BEFORE)
     _installed = True
 
 
@@ -93,6 +95,15 @@ def fused_kv_write_hook(original_fn, *args, **kwargs) -> bool:
     if minima_selected():
         return False  # every K/V write goes through MinimaKVPool.set_kv_buffer (slot translation)
     return original_fn(*args, **kwargs)
+
+
+def scheduler_idle_hook(scheduler, *args, **kwargs):
+    """BEFORE ``Scheduler.on_idle``: no batch to run, so no step will come to move the release
+    quarantine on (an abort, a disconnect or an eviction freed pages between steps): free it now,
+    after a device sync (mem_cache/physical_pool.py)."""
+    cache = getattr(scheduler, "tree_cache", None)
+    if isinstance(cache, MinimaRadixCache):
+        cache.store.drain_quarantine()
 
 
 def minima_radix_cache_factory(ctx):

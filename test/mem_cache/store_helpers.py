@@ -15,7 +15,7 @@ DIM = 64
 LAYERS = 2
 
 
-def make_store(num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True, reader_lag: int = 0) -> TieredPageStore:
+def make_store(num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True) -> TieredPageStore:
     shape = StoreShape(
         num_logical_pages=num_logical,
         num_hot_pages=num_hot,
@@ -25,7 +25,7 @@ def make_store(num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True, rea
         head_dim=DIM,
         hot_dtype=torch.float8_e4m3fn if fp8 else torch.float32,
     )
-    return TieredPageStore(shape, reader_lag=reader_lag)
+    return TieredPageStore(shape)
 
 
 def write_tokens(store: TieredPageStore, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

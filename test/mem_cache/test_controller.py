@@ -67,6 +67,7 @@ def _anchor_on_page_1(num_hot: int):
     store.note_page_scores(torch.tensor([1]), torch.tensor([1.0]), decay=0.0)
     ctl.tick([seq])
     assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    store.drain_quarantine()  # no forward in flight: the converted pages' sources are free
     return store, ctl, seq
 
 
@@ -86,9 +87,11 @@ def test_promotion_with_no_hot_page_free_waits_instead_of_failing():
     store.note_page_scores(torch.tensor([3]), torch.tensor([1.0]), decay=0.0)
     ctl.tick([seq, other])  # page 3 wants FP8 again; page 1 goes Stale and frees one hot page ...
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    store.drain_quarantine()
     assert store.hot_pool.num_free == 1  # ... which stays the decode reserve (two requests)
     assert store.stats.promote.pages == 0 and store.stats.promote.failed_pages == 0
     store.unmap(other)  # the other request finished: hot pages are spare again
+    store.drain_quarantine()
     ctl.tick([seq])
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
     assert store.stats.promote.pages == 1 and store.stats.promote.failed_pages == 0
@@ -130,6 +133,7 @@ def test_defer_prefill_conversion_keeps_a_prefilling_request_hot_until_its_prefi
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT] * 4
     assert store.page_table.fmt[decoding].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT]
     assert store.page_table.tier[chunked].tolist() == [TIER_ANCHOR, TIER_STALE, TIER_STALE, TIER_RECENT]
+    store.drain_quarantine()  # the tick's sources are free: one more page needs a conversion
     assert ctl.reserve_hot(store.hot_pool.num_free + 1)  # memory presses: its Stale pages go first
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT, FMT_HOT]
     ctl.tick([chunked, decoding], prefilling=[False, False])  # prefill ended

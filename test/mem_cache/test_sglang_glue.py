@@ -19,6 +19,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang.test.mem_cache_utils import finish_req
 
 from sglang_minima.config import CONFIG_ENV, MinimaConfig
+from sglang_minima.hooks import scheduler_idle_hook
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
@@ -102,6 +103,8 @@ def test_request_lifecycle_retier_prefix_hit_by_format_and_eviction(monkeypatch)
     t.cache.evict(EvictParams(num_tokens=PAGES * PS))
     store = t.pool.store
     assert t.allocator.available_size() == PAGES * PS
+    assert store.num_quarantined > 0  # the evicted pages' physical pages wait for a step's end ...
+    scheduler_idle_hook(SimpleNamespace(tree_cache=t.cache))  # ... or the idle scheduler: a sync, then free
     assert store.hot_pool.num_free == store.shape.num_hot_pages and store.tq3_pool.num_free == store.shape.num_tq3_pages
     idle_invariant(t)
 

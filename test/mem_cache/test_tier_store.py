@@ -1,4 +1,4 @@
-"""TieredPageStore: mapping, conversions (copy-before-publish), reader epochs, failures."""
+"""TieredPageStore: mapping, conversions (copy-before-publish), the release quarantine, failures."""
 
 import pytest
 import torch
@@ -24,7 +24,7 @@ def test_retier_then_promote_keeps_pages_readable(fp8):
     k, v = _filled(store, pages)
     assert store.retier(pages) == 3
     assert store.page_table.fmt[pages].tolist() == [FMT_TQ3] * 3
-    assert store.hot_pool.num_free == store.shape.num_hot_pages
+    assert store.hot_pool.num_free + store.hot_pool.num_quarantined == store.shape.num_hot_pages
     for i, p in enumerate(pages.tolist()):
         for layer in range(2):
             kk, vv = read_page(store, p, layer)
@@ -44,18 +44,32 @@ def test_only_sealed_hot_pages_are_converted():
     assert store.page_table.fmt[1] == FMT_TQ3 and store.page_table.fmt[2] == FMT_HOT
 
 
-def test_source_page_is_released_only_after_its_readers_clear():
-    store = make_store(reader_lag=1)
+def test_source_page_waits_in_quarantine_until_the_forward_in_flight_is_done():
+    store = make_store()
     pages = torch.tensor([3])
     _filled(store, pages)
-    store.note_read(pages)
+    old = int(store.page_table.phys[3])
+    store.note_read(pages)  # the forward in flight planned to read the FP8 page: no reference taken
     free_before = store.hot_pool.num_free
     store.retier(pages)
-    assert store.hot_pool.num_free == free_before  # the in-flight reader still holds the FP8 page
-    store.end_step()  # lag 1: the next forward may still run
+    assert store.hot_pool.num_free == free_before and store.hot_pool.num_quarantined == 1
+    assert store.hot_pool.refcount[old] == 0 and old not in store.hot_pool._free
+    store.end_step()  # that forward's result: it may still run until the next step's result
     assert store.hot_pool.num_free == free_before
     store.end_step()
-    assert store.hot_pool.num_free == free_before + 1
+    assert store.hot_pool.num_free == free_before + 1 and store.num_quarantined == 0
+    assert store.hot_pool._free[-1] == old  # handed out next
+
+
+def test_drain_frees_the_quarantine_at_once():
+    store = make_store()
+    pages = torch.tensor([3, 4])
+    _filled(store, pages)
+    free_before = store.hot_pool.num_free
+    store.unmap(pages)
+    assert store.num_quarantined == 2 and store.hot_pool.num_free == free_before
+    store.drain_quarantine()
+    assert store.num_quarantined == 0 and store.hot_pool.num_free == free_before + 2
 
 
 @pytest.mark.parametrize("failing_layer", [0, 1])

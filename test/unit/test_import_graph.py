@@ -25,7 +25,6 @@ SGLANG_FREE = (
     "sglang_minima.layers.attention.plan",
     "sglang_minima.mem_cache.page_table",
     "sglang_minima.mem_cache.physical_pool",
-    "sglang_minima.mem_cache.reader_holds",
     "sglang_minima.mem_cache.stats",
     "sglang_minima.mem_cache.tier_store",
     "sglang_minima.mem_cache.controller",

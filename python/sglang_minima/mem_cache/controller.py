@@ -85,26 +85,28 @@ class LifecycleController:
             store.promote(self._order(wanted, demote=False)[: min(spare, p.retier_batch_pages)])
 
     def hot_reachable(self) -> int:
-        """Hot pages an allocation can get: free ones plus sealed ones a conversion would free."""
-        return self.store.hot_pool.num_free + int(self.store.hot_convertible().sum())
+        """Hot pages an allocation can get: free and quarantined ones (``reserve_hot`` frees the
+        quarantine) plus sealed ones a conversion would free."""
+        hot = self.store.hot_pool
+        return hot.num_free + hot.num_quarantined + int(self.store.hot_convertible().sum())
 
     def reserve_hot(self, num_pages: int) -> bool:
         """Make ``num_pages`` hot pages free for an allocation; False if that is impossible.
 
-        First the readers: an allocation runs between forwards, so after a device sync every
-        forward that noted reads is done. Then pressure: convert sealed hot pages, cached and Stale
+        First the quarantine: an allocation runs between forwards, so after a device sync no
+        forward reads a freed page. Then pressure: convert sealed hot pages, cached and Stale
         first, then Anchor, then Recent, oldest first.
         """
         store = self.store
         short = num_pages - store.hot_pool.num_free
         if short <= 0:
             return True
-        if store.readers.num_holds:
-            torch.get_device_module(store.device).synchronize()
-            store.readers.drain()
+        if store.num_quarantined:  # both pools: a conversion needs free TQ3 pages too
+            store.drain_quarantine()
             short = num_pages - store.hot_pool.num_free
         if short > 0 and not self.config.disable_stale:
             store.stats.pressure_retier_pages += store.retier(self._order(store.hot_convertible(), demote=True)[:short])
+            store.drain_quarantine()  # the converted pages' sources, now (a second device sync)
         return store.hot_pool.num_free >= num_pages
 
     def _order(self, mask: torch.Tensor, *, demote: bool) -> torch.Tensor:

@@ -47,16 +47,6 @@ from sglang_minima.mem_cache.tier_store import (
 from sglang_minima.selection import resolve_config
 
 
-def overlap_reader_lag() -> int:
-    """1 when SGLang's overlap scheduler runs the next forward while a result is processed."""
-    from sglang.srt.runtime_context import get_schedule
-
-    try:
-        return 0 if get_schedule().disable_overlap_schedule else 1
-    except ValueError:  # no published server args (a pool built outside a scheduler)
-        return 0
-
-
 class MinimaKVPool(MHATokenToKVPool):
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, *args, **kwargs):
         if kwargs.get("quant_method") is not None or kwargs.get("post_capture_active"):
@@ -90,7 +80,6 @@ class MinimaKVPool(MHATokenToKVPool):
                 shape,
                 device=self.device,
                 rotation_seed=cfg.rotation_seed,
-                reader_lag=overlap_reader_lag(),
                 first_layer_id=self.start_layer,
             )
         self.k_buffer, self.v_buffer = self.store.hot_k, self.store.hot_v
@@ -128,12 +117,13 @@ class MinimaKVPool(MHATokenToKVPool):
             self.store.k_scales[local] = float(k_scale)
         if v_scale is not None:
             self.store.v_scales[local] = float(v_scale)
-        if local == 0:
-            self.store.page_table.note_written(loc.to(torch.int64))
-        super().set_kv_buffer(
-            layer, self.store.page_table.hot_slots(loc), cache_k, cache_v,
-            k_scale, v_scale, layer_id_override, dcp_kv_mask,
-        )
+        with torch.profiler.record_function("minima.kv_write"):
+            if local == 0:
+                self.store.page_table.note_written(loc.to(torch.int64))
+            super().set_kv_buffer(
+                layer, self.store.page_table.hot_slots(loc), cache_k, cache_v,
+                k_scale, v_scale, layer_id_override, dcp_kv_mask,
+            )
 
     # ---------------------------------------------------------------- read interface
 

@@ -1,8 +1,16 @@
-"""One format's physical pages: a free list and a reference count per page.
+"""One format's physical pages: a free list, a reference count per page and the release quarantine.
 
-A physical page's count covers the logical page mapping it (1), each in-flight reader epoch that
-read it, and each in-flight conversion that copies from or into it. The page goes back to the free
-list when its count reaches 0. Page 0 is padding and never handed out.
+A physical page's count covers the logical page mapping it (1) and each in-flight conversion that
+copies from or into it. Page 0 is padding and never handed out.
+
+The release quarantine: a page whose count reaches 0 returns to the free list two ``end_step``
+calls later, not at once. ``end_step`` runs once per scheduler step, after a step's result is
+processed. A forward reads the pages its plan named when it was launched; under SGLang's overlap
+scheduler one forward is in flight while the previous result is processed, which is where SGLang
+frees finished requests' pages and the controller converts pages. A page freed between two
+``end_step`` calls may still be read by the forward in flight then, and that forward is done by
+the next ``end_step`` (its own result has been processed). Nothing tracks reads: the forward path
+takes no reference, so it needs no host sync and can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ class PhysicalPagePool:
         self.refcount = torch.zeros(num_pages + 1, dtype=torch.int32)
         # A stack popping the lowest ids first keeps used pages dense at the start of the buffer.
         self._free: list[int] = list(range(num_pages, 0, -1))
+        self._freed: list[int] = []  # count 0 since the last end_step: the forward in flight may read them
+        self._cooling: list[int] = []  # count 0 since the end_step before: free at the next one
 
     @property
     def num_free(self) -> int:
@@ -24,8 +34,23 @@ class PhysicalPagePool:
 
     @property
     def num_held(self) -> int:
-        """Pages not on the free list (mapped, read or converting)."""
+        """Pages not on the free list (mapped, converting or quarantined)."""
         return self.num_pages - len(self._free)
+
+    @property
+    def num_quarantined(self) -> int:
+        """Pages with count 0 not yet back on the free list."""
+        return len(self._freed) + len(self._cooling)
+
+    def end_step(self) -> None:
+        """A step's result is processed: the pages freed before the previous call are free."""
+        self._free.extend(sorted(self._cooling, reverse=True))
+        self._cooling, self._freed = self._freed, []
+
+    def drain(self) -> None:
+        """Every quarantined page is free; the caller has synchronized the device first."""
+        self._free.extend(sorted(self._cooling + self._freed, reverse=True))
+        self._cooling, self._freed = [], []
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """``n`` pages with count 1 (int64), or None when fewer are free."""
@@ -46,8 +71,10 @@ class PhysicalPagePool:
             raise RuntimeError(f"{self.name}: retain of a free physical page")
         self.refcount.index_add_(0, pages, torch.ones_like(pages, dtype=torch.int32))
 
-    def release(self, pages: torch.Tensor) -> None:
-        """Drop one reference per occurrence; pages reaching 0 return to the free list."""
+    def release(self, pages: torch.Tensor, *, unread: bool = False) -> None:
+        """Drop one reference per occurrence; pages reaching 0 go to the quarantine, or with
+        ``unread`` (pages no forward can have read: a failed conversion's destinations) straight
+        back to the free list."""
         if pages.numel() == 0:
             return
         pages = pages.to(torch.int64).cpu()
@@ -56,8 +83,9 @@ class PhysicalPagePool:
         counts = self.refcount[touched]
         if bool((counts < 0).any()):
             raise RuntimeError(f"{self.name}: physical page released more times than referenced")
-        self._free.extend(touched[counts == 0].tolist())
+        (self._free if unread else self._freed).extend(touched[counts == 0].tolist())
 
     def reset(self) -> None:
         self.refcount.zero_()
         self._free = list(range(self.num_pages, 0, -1))
+        self._freed, self._cooling = [], []

@@ -4,13 +4,13 @@ The tree itself is SGLang's, unchanged: it keys logical pages, and a sealed (ful
 immutable and shared by every prefix hit in whatever format it is in. A request continuing after a
 hit always writes a new Recent FP8 page (SGLang matches whole pages only), so sharing is
 copy-on-write by construction. Eviction frees logical pages through the allocator, which drops
-only the mapping reference; readers and conversions keep their own.
+only the mapping reference; conversions keep their own.
 
 What this class adds:
 - it remembers the requests it matched, so the controller can see each live request's pages in
   sequence order (``req_to_token`` row, ``kv_allocated_len``);
-- ``flush_pending_backups`` (called once per scheduler step, after the step's result) ends the
-  step's reader epoch and runs ``LifecycleController.tick`` (telling it which requests are still
+- ``flush_pending_backups`` (called once per scheduler step, after the step's result) moves the
+  pools' release quarantine on (frees it when nothing is live) and runs ``LifecycleController.tick`` (telling it which requests are still
   in prefill, for ``defer_prefill_conversion``);
 - prefix hits by format: the formats of the pages a request was matched to when it was admitted;
 - ``step_listeners``: called with the store after each step's lifecycle work (the plugin's
@@ -81,9 +81,12 @@ class MinimaRadixCache(UnifiedRadixCache):
 
     def flush_pending_backups(self) -> None:
         super().flush_pending_backups()
-        self.store.end_step()
-        sequences, prefilling = self._live()
-        self.lifecycle.tick(sequences, prefilling)
+        with torch.profiler.record_function("minima.lifecycle"):  # between steps: conversions, promotions
+            self.store.end_step()
+            sequences, prefilling = self._live()
+            self.lifecycle.tick(sequences, prefilling)
+            if not sequences:  # nothing live: no more steps may come to move the quarantine on
+                self.store.drain_quarantine()
         for listener in self.step_listeners:
             listener(self.store)
 

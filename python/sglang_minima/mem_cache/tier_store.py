@@ -1,11 +1,13 @@
 """TieredPageStore: the physical side of Minima-KV, with no SGLang import.
 
-It owns the page table, the two physical pools with their reference counts, the reader epochs,
-the hot (FP8) and TQ3 buffers of every layer, and the conversions between the two formats.
+It owns the page table, the two physical pools with their reference counts and release
+quarantines, the step count, the hot (FP8) and TQ3 buffers of every layer, and the conversions
+between the two formats.
 ``MinimaKVPool`` wraps one store inside SGLang; tests drive a store directly.
 
 Ownership (see README.md): SGLang owns logical pages (request rows, tree, locks). A logical page
-mapped here holds one reference on its physical page; readers and conversions add their own.
+mapped here holds one reference on its physical page; conversions add their own. A page whose last
+reference goes waits in its pool's quarantine until no forward in flight can read it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_spac
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
-from sglang_minima.mem_cache.reader_holds import ReaderHolds
 from sglang_minima.mem_cache.stats import ConversionStats, MinimaStats
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,6 @@ class TieredPageStore:
         *,
         device: torch.device | str = "cpu",
         rotation_seed: int = 0,
-        reader_lag: int = 0,
         first_layer_id: int = 0,
     ):
         self.shape = shape
@@ -120,7 +120,7 @@ class TieredPageStore:
         self.page_table = PageTable(shape.num_logical_pages, shape.page_size, self.device)
         self.hot_pool = PhysicalPagePool(shape.num_hot_pages, "hot")
         self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3")
-        self.readers = ReaderHolds(self.hot_pool, self.tq3_pool, reader_lag)
+        self.epoch = 0  # scheduler steps ended (end_step)
         self.stats = MinimaStats()
         rows = (shape.num_hot_pages + 1) * shape.page_size
         hot = shape.hot_store_dtype
@@ -143,7 +143,12 @@ class TieredPageStore:
 
     @property
     def step(self) -> int:
-        return self.readers.epoch
+        return self.epoch
+
+    @property
+    def num_quarantined(self) -> int:
+        """Physical pages of both formats freed but not yet back on their free lists."""
+        return self.hot_pool.num_quarantined + self.tq3_pool.num_quarantined
 
     @property
     def is_fp8(self) -> bool:
@@ -175,23 +180,19 @@ class TieredPageStore:
 
     def reset(self) -> None:
         """Every logical page was freed at once (SGLang's allocator clear)."""
-        self.readers.reset()
         self.hot_pool.reset()
         self.tq3_pool.reset()
         self.page_table.unmap(torch.arange(self.page_table.num_logical_pages + 1, device=self.device))
 
-    # ---------------------------------------------------------------- readers and scores
+    # ---------------------------------------------------------------- routes and scores
 
     def note_read(self, logical_pages: torch.Tensor, *, hot_tokens: int = 0, tq3_tokens: int = 0) -> None:
-        """A forward reads these logical pages: hold their physical pages until it is done."""
+        """Count a forward's routes: the pages (by format) and tokens it reads. No reference is
+        taken: the pools' quarantine keeps a freed page until the forward in flight is done."""
         pages = logical_pages.to(device=self.device, dtype=torch.int64)
-        pages = pages[self.page_table.phys[pages] != 0]
-        fmt = self.page_table.fmt[pages]
-        phys = self.page_table.phys[pages]
-        hot, tq3 = phys[fmt == FMT_HOT], phys[fmt == FMT_TQ3]
-        self.readers.note(hot, tq3)
-        self.stats.route_hot_pages += int(hot.numel())
-        self.stats.route_tq3_pages += int(tq3.numel())
+        fmt = self.page_table.fmt[pages[self.page_table.phys[pages] != 0]]
+        self.stats.route_hot_pages += int((fmt == FMT_HOT).sum())
+        self.stats.route_tq3_pages += int((fmt == FMT_TQ3).sum())
         self.stats.route_hot_tokens += hot_tokens
         self.stats.route_tq3_tokens += tq3_tokens
 
@@ -206,7 +207,17 @@ class TieredPageStore:
             score.index_add_(0, pages, (1.0 - decay) * mass.to(self.device, torch.float32) / total)
 
     def end_step(self) -> None:
-        self.readers.end_step()
+        """A step's result is processed (once per scheduler step): the quarantines move on."""
+        self.hot_pool.end_step()
+        self.tq3_pool.end_step()
+        self.epoch += 1
+
+    def drain_quarantine(self) -> None:
+        """Free every quarantined page now: waits for the device, so no forward can read them."""
+        if self.num_quarantined:
+            torch.get_device_module(self.device).synchronize()
+            self.hot_pool.drain()
+            self.tq3_pool.drain()
 
     # ---------------------------------------------------------------- conversions
 
@@ -253,8 +264,8 @@ class TieredPageStore:
                 copy_layer(layer, src, dst.to(self.device))
         except Exception:
             logger.exception("Minima: converting %d pages to format %d failed; they keep their format", n, dst_fmt)
-            dst_pool.release(dst)
-            src_pool.release(src)
+            dst_pool.release(dst, unread=True)  # never published: no forward read them
+            src_pool.release(src)  # the conversion's reference; the mapping keeps each page
             stats.failed_pages += n
             return 0
         self.page_table.publish(pages, dst_fmt, dst.to(self.device))

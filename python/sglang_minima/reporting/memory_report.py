@@ -1,7 +1,7 @@
 """Bytes per tier, reconciled exactly with the bytes the store allocated.
 
 Every physical page of both regions is in exactly one row: a mapped page under its tier (hot pages
-by the controller's label, TQ3 pages as Stale), a page held only by readers or a conversion, a free
+by the controller's label, TQ3 pages as Stale), a page held only by a conversion or the release quarantine, a free
 page, or the padding page of each region. The rows add up to ``allocated_bytes`` by construction,
 and ``reconcile()`` checks that against the buffers themselves.
 """

@@ -27,7 +27,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
             "head_dim": shape.head_dim,
             "hot_dtype": str(shape.hot_dtype).removeprefix("torch."),
             "tq3_page_bytes_per_layer": store.layout.page_bytes,
-            "reader_lag": store.readers.lag,
+            "quarantined_pages": store.num_quarantined,
             "step": store.step,
         },
         "memory": memory_report(store).as_dict(),

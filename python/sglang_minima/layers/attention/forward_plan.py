@@ -80,7 +80,7 @@ class ForwardPlan:
 
     def read_pages(self) -> torch.Tensor:
         """int64: the logical pages each request reads, concatenated in batch and position order
-        (a data-dependent shape: a host sync, for the reader holds, not for a captured graph)."""
+        (a data-dependent shape: a host sync, for the route counters, not for a captured graph)."""
         return self.logical_pages[_live_pages(self.kv_lens, self.page_size, self.max_pages)[1]]
 
     def token_counts(self) -> torch.Tensor:

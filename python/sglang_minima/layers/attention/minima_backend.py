@@ -60,7 +60,8 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         if wrapper is not None and self._planned is None:
             plan = self.forward_metadata.plan
             try:
-                wrapper.plan(plan.hot.indptr, plan.hot.pages, plan.hot_last_page_len, plan.tq3.indptr, plan.tq3.pages)
+                with torch.profiler.record_function("minima.kernel_plan"):
+                    wrapper.plan(plan.hot.indptr, plan.hot.pages, plan.hot_last_page_len, plan.tq3.indptr, plan.tq3.pages)
                 self._planned = True
             except (ValueError, NotImplementedError) as e:  # a batch the kernels' rules refuse: this step only
                 logger.warning("minima: decode step on the torch path: %s", e)
@@ -73,11 +74,12 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         h, d, ps = pool.head_num, pool.head_dim, pool.page_size
         k = pool.hot_k_buffer(lid).view(torch.float8_e4m3fn).view(-1, ps, h, d)
         v = pool.hot_v_buffer(lid).view(torch.float8_e4m3fn).view(-1, ps, h, d)
-        out, _ = wrapper.run(
-            q.to(wrapper.q_dtype).contiguous(), (k, v), pool.tq3_buffer(lid), pool.rotation(lid).signs,
-            k_scale=pool.k_scale(lid), v_scale=pool.v_scale(lid),
-        )
-        return out.clone()  # the wrapper's output buffer is the next layer's too
+        with torch.profiler.record_function("minima.decode_kernels"):
+            out, _ = wrapper.run(
+                q.to(wrapper.q_dtype).contiguous(), (k, v), pool.tq3_buffer(lid), pool.rotation(lid).signs,
+                k_scale=pool.k_scale(lid), v_scale=pool.v_scale(lid),
+            )
+            return out.clone()  # the wrapper's output buffer is the next layer's too
 
     def _wrapper_for(self, q: torch.Tensor, layer: RadixAttention):
         """The decode wrapper for this layer's shapes, or None where the kernels do not build for them."""

@@ -13,8 +13,9 @@ collected for score Anchors, which take the per-request path.
 
 Contract with the pool (MinimaKVPool): the page table maps every page of the batch before the
 forward (the allocator maps new pages at allocation, always to hot pages). ``note_read`` is told the
-logical pages each forward reads, once per step: the pool holds their physical pages until the
-forward is done (reader epochs) and counts the routes (pages and tokens attended per format). There
+logical pages each forward reads, once per step, and counts the routes (pages and tokens attended
+per format); it takes no reference: a physical page freed while a forward may still read it waits
+in the pool's release quarantine (mem_cache/physical_pool.py). There
 is no dense fallback and no dense copy of a compressed page: every read goes through the tiled ops.
 With ``--minima-attention-score-anchors``, the backend also sums each page's attention mass over the
 layers of a step (page_mass.py) and reports it after the last layer (``note_page_scores``).
@@ -82,6 +83,10 @@ class MinimaNativeAttnBackend(AttentionBackend):
         self._page_mass: list[torch.Tensor] = []
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        with torch.profiler.record_function("minima.plan"):  # a scope for profiles (benchmark/serving/profile_decode.py)
+            self._init_forward_metadata(forward_batch)
+
+    def _init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         mode = forward_batch.forward_mode
         if mode.is_idle():
             self.forward_metadata = BatchRoute(requests=())

@@ -44,7 +44,7 @@ class RequestRoute:
     tq3_page_starts: torch.Tensor
     """int64 [n_tq3_pages]: sequence position of token 0 of each TQ3 page."""
     logical_pages: torch.Tensor
-    """int64 [n_pages]: the distinct logical pages read, in position order (for reader holds)."""
+    """int64 [n_pages]: the distinct logical pages read, in position order (for the route counters)."""
     num_hot_pages: int
     num_tq3_tokens: int
 

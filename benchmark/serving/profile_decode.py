@@ -1,0 +1,178 @@
+"""Where a decode step's time goes: one serving arm's steps under the torch profiler.
+
+Per arm (``serve_arms.arms``: e.g. ``minima``, ``minima-native``, ``sglang-fp8-eager``): start the
+server, send ``--batch`` concurrent requests of ``--input-len`` random prompt tokens and
+``--output-len`` greedy tokens, wait until every request decodes, ask SGLang's ``/start_profile`` for
+``--steps`` forward steps (CPU + GPU activities, no stacks), and read the Chrome trace SGLang writes.
+Reported per step: the host time in Minima's profiler scopes (``minima.plan``: the forward plan and
+the reader holds; ``minima.kernel_plan``: ``MinimaDecodeWrapper.plan``; ``minima.decode_kernels``:
+the kernels' launches, all layers; ``minima.kv_write``: the new tokens' FP8 writes, all layers;
+``minima.lifecycle``: conversions and promotions between steps), host ops and GPU kernels by total
+time, and the window's wall time per step. JSON + markdown.
+
+  python3 benchmark/serving/profile_decode.py --arms minima,sglang-fp8-eager --out $OUT/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU)
+from serve_arms import arms, e2e_device, launch  # noqa: E402
+
+SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.kv_write", "minima.lifecycle")
+
+
+def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
+    """Totals per step from a Chrome trace: Minima's scopes, host ops (``cpu_op``), GPU kernels and
+    the wall time of the profiled window (its first to last host event)."""
+    scopes: dict[str, float] = defaultdict(float)
+    host: dict[str, float] = defaultdict(float)
+    gpu: dict[str, float] = defaultdict(float)
+    start, end = float("inf"), 0.0
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        name, cat, dur = ev.get("name", ""), ev.get("cat", ""), float(ev["dur"])
+        if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            gpu[name] += dur
+            continue
+        start, end = min(start, float(ev["ts"])), max(end, float(ev["ts"]) + dur)
+        if name in SCOPES:
+            scopes[name] += dur
+        elif cat == "cpu_op":
+            host[name] += dur
+
+    def per_step(d: dict[str, float]) -> dict[str, float]:
+        ranked = sorted(d.items(), key=lambda kv: -kv[1])[:top]
+        return {k: round(v / steps / 1000, 3) for k, v in ranked}
+
+    return {
+        "steps": steps,
+        "wall_ms_per_step": round((end - start) / steps / 1000, 3) if end > start else None,
+        "scopes_ms_per_step": {k: round(scopes.get(k, 0.0) / steps / 1000, 3) for k in SCOPES},
+        "gpu_ms_per_step": round(sum(gpu.values()) / steps / 1000, 3),
+        "top_host_ops_ms_per_step": per_step(host),
+        "top_gpu_kernels_ms_per_step": per_step(gpu),
+    }
+
+
+def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
+    """The trace SGLang exports after the profiled steps, once it is complete (a whole gzip stream)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for path in sorted(trace_dir.glob("*.trace.json.gz")):
+            try:
+                with gzip.open(path, "rt") as f:
+                    return json.load(f)
+            except (EOFError, OSError, json.JSONDecodeError):  # still being written
+                pass
+        time.sleep(2)
+    raise RuntimeError(f"no complete trace in {trace_dir} after {timeout_s:.0f} s")
+
+
+def _decode_load(url: str, args, stop: threading.Event) -> None:
+    """``--batch`` requests decoding at once, each started again when it ends, until ``stop``."""
+    def one(i: int) -> None:
+        while not stop.is_set():
+            ids = [(7919 * i + 104729 * j) % 20000 + 100 for j in range(args.input_len)]
+            try:
+                requests.post(url + "/generate", json={
+                    "input_ids": ids,
+                    "sampling_params": {"max_new_tokens": args.output_len, "temperature": 0, "ignore_eos": True},
+                }, timeout=900)
+            except requests.RequestException:
+                if not stop.is_set():
+                    raise
+
+    for i in range(args.batch):
+        threading.Thread(target=one, args=(i,), daemon=True).start()
+
+
+def profile_arm(name: str, args, work: Path) -> dict:
+    arm = arms(e2e_device())[name]
+    flags = ["--model-path", str(args.model), "--page-size", str(args.page_size), "--dtype", args.dtype,
+             "--max-running-requests", str(args.batch)]
+    server = launch(flags + arm.flags + args.server_args, work / f"{name}.log", module=arm.module, env=arm.env)
+    stop = threading.Event()
+    try:
+        _decode_load(server.url, args, stop)
+        time.sleep(args.settle_s)  # prompts prefilled, every request decoding
+        trace_dir = work / f"{name}-trace"
+        r = requests.post(server.url + "/start_profile", json={
+            "output_dir": str(trace_dir), "num_steps": args.steps, "activities": ["CPU", "GPU"],
+            "with_stack": False, "record_shapes": False, "profile_id": name,
+        }, timeout=600)
+        r.raise_for_status()
+        summary = summarize_trace(_read_trace(trace_dir, timeout_s=600), args.steps)
+        return {"arm": name, "flags": arm.flags, "startup_s": round(server.startup_s, 1), **summary}
+    finally:
+        stop.set()
+        server.stop()
+
+
+def render(results: list[dict], args) -> str:
+    lines = [
+        f"## Decode step profile ({e2e_device()}; {args.batch} requests x {args.input_len} prompt tokens, "
+        f"{args.steps} steps profiled)", "",
+        "| arm | wall ms/step | GPU busy ms/step | " + " | ".join(SCOPES) + " |",
+        "|---|---|---|" + "---|" * len(SCOPES),
+    ]
+    for r in results:
+        s = r["scopes_ms_per_step"]
+        lines.append(f"| {r['arm']} | {r['wall_ms_per_step']} | {r['gpu_ms_per_step']} | "
+                     + " | ".join(f"{s[k]:.3f}" for k in SCOPES) + " |")
+    for r in results:
+        lines += ["", f"### {r['arm']}: top host ops (ms per step)", ""]
+        lines += [f"- {k}: {v}" for k, v in r["top_host_ops_ms_per_step"].items()]
+        if r["top_gpu_kernels_ms_per_step"]:
+            lines += ["", f"### {r['arm']}: top GPU kernels (ms per step)", ""]
+            lines += [f"- {k[:120]}: {v}" for k, v in r["top_gpu_kernels_ms_per_step"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arms", default="minima")
+    ap.add_argument("--model", type=Path, help="model directory (default: the embedded SmolLM2)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--input-len", type=int, default=2048)
+    ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--settle-s", type=float, default=20.0, help="seconds of load before the profile")
+    ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
+    ap.add_argument("--work", type=Path, default=Path(serve_arms.ROOT) / ".cache" / "profile_decode")
+    ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
+    args = ap.parse_args(argv)
+    if args.model is None:
+        from sglang_minima.models import ensure_default_model
+
+        args.model = ensure_default_model()
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = [profile_arm(name, args, args.work) for name in tqdm(args.arms.split(","), desc="arms")]
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
+           "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    args.out.with_suffix(".md").write_text(render(results, args))
+    print(render(results, args))
+    return out
+
+
+if __name__ == "__main__":
+    main()
