@@ -5,10 +5,11 @@ server, send ``--batch`` concurrent requests of ``--input-len`` random prompt to
 ``--output-len`` greedy tokens, wait until every request decodes, ask SGLang's ``/start_profile`` for
 ``--steps`` forward steps (CPU + GPU activities, no stacks), and read the Chrome trace SGLang writes.
 Reported per step: the host time in Minima's profiler scopes (``minima.plan``: the forward plan and
-the reader holds; ``minima.kernel_plan``: ``MinimaDecodeWrapper.plan``; ``minima.decode_kernels``:
+the route counters; ``minima.kernel_plan``: ``MinimaDecodeWrapper.plan``; ``minima.decode_kernels``:
 the kernels' launches, all layers; ``minima.kv_write``: the new tokens' FP8 writes, all layers;
-``minima.lifecycle``: conversions and promotions between steps), host ops and GPU kernels by total
-time, and the window's wall time per step. JSON + markdown.
+``minima.lifecycle``: conversions and promotions between steps), host ops (inclusive: an op's time
+contains its callees') and GPU kernels by total time, and the window's wall time per step.
+JSON + markdown.
 
   python3 benchmark/serving/profile_decode.py --arms minima,sglang-fp8-eager --out $OUT/profile.json
 """
