@@ -195,6 +195,7 @@ class Lifecycle(RuleBasedStateMachine):
             free = pool._free
             assert len(free) == len(set(free))
             assert set(free) == set(torch.nonzero(pool.refcount[1:] == 0).flatten().add(1).tolist())
+        assert store.reference_mismatches() == 0  # the store's own check agrees with this one
         reader_only = (store.hot_pool.num_held + store.tq3_pool.num_held) - int(mapped.sum())
         assert len(self.free_logical) == store.hot_pool.num_free + store.tq3_pool.num_free + reader_only
         live = {p for r in self.reqs.values() for p in r.pages} | set(self.tree)

@@ -58,6 +58,15 @@ class PhysicalPagePool:
             raise RuntimeError(f"{self.name}: physical page released more times than referenced")
         self._free.extend(touched[counts == 0].tolist())
 
+    def mismatches(self, expected: torch.Tensor) -> int:
+        """Pages whose count is not ``expected`` (int [num_pages + 1], what their owners hold), or
+        whose place on the free list disagrees with a count of 0, or that are listed free twice."""
+        on_free_list = torch.zeros(self.num_pages + 1, dtype=torch.bool)
+        on_free_list[self._free] = True
+        wrong = self.refcount != expected.to(self.refcount.dtype)
+        wrong[1:] |= on_free_list[1:] != (self.refcount[1:] == 0)
+        return int(wrong.sum()) + len(self._free) - len(set(self._free))
+
     def reset(self) -> None:
         self.refcount.zero_()
         self._free = list(range(self.num_pages, 0, -1))

@@ -36,6 +36,13 @@ class ReaderHolds:
     def num_holds(self) -> int:
         return len(self._holds)
 
+    def held_pages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hot and TQ3 physical pages of every epoch still held, one entry per reference (int64)."""
+        empty = torch.empty(0, dtype=torch.int64)
+        hot = [h.hot.to(torch.int64) for h in self._holds]
+        tq3 = [h.tq3.to(torch.int64) for h in self._holds]
+        return torch.cat([empty, *hot]), torch.cat([empty, *tq3])
+
     def note(self, hot_phys: torch.Tensor, tq3_phys: torch.Tensor) -> None:
         self.hot_pool.retain(hot_phys)
         self.tq3_pool.retain(tq3_phys)
