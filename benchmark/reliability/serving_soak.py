@@ -221,7 +221,7 @@ def abort_client(url: str, prompts: Prompts, tally: Tally, deadline: float, rng:
         tally.add(requests=1)
         worker = threading.Thread(target=generate)
         worker.start()
-        worker.join(rng.uniform(2.0, 15.0))  # queued, in prefill or decoding by then
+        worker.join(rng.uniform(5.0, 30.0))  # queued, in prefill or decoding by then
         requests.post(url + "/abort_request", json={"rid": rid}, timeout=60)
         tally.add(aborts_sent=1)
         worker.join(900)
