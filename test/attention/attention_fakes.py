@@ -2,7 +2,7 @@
 
 FakeMinimaPool implements exactly what the attention backend uses (page_size, layout, page_table
 .fmt/.phys, hot_k_buffer/hot_v_buffer, k_scale/v_scale, tq3_buffer, rotation, codebook, hot_slots,
-set_kv_buffer, note_read with MinimaStats route counters, note_page_scores, minima_config) plus test-only helpers: map logical pages to hot physical pages (the allocator's job)
+set_kv_buffer, note_read with MinimaStats route counters, note_page_scores, note_scratch_bytes, minima_config) plus test-only helpers: map logical pages to hot physical pages (the allocator's job)
 and retier a page to TQ3 (the controller's job). ``reference_attention`` decodes what a pool (fake or
 real) holds for a request and runs plain softmax attention over it, to compare the backend against.
 """
@@ -118,6 +118,9 @@ class FakeMinimaPool:
 
     def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor) -> None:
         self.page_scores.append((logical_pages, mass))
+
+    def note_scratch_bytes(self, nbytes: int) -> None:
+        self.stats.note_scratch_bytes(nbytes)
 
     def set_kv_buffer(self, layer, loc, cache_k: torch.Tensor, cache_v: torch.Tensor, *args, **kwargs) -> None:
         logical = loc.loc if hasattr(loc, "loc") else loc

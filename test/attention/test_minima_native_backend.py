@@ -340,3 +340,13 @@ def test_registration_is_idempotent():
     h = Harness.fake()
     backend = ATTENTION_BACKENDS[MINIMA_NATIVE_BACKEND](fake_runner(h.pool, h.req_to_token))
     assert isinstance(backend, MinimaNativeAttnBackend)
+
+
+def test_a_decode_over_tq3_pages_reports_its_scratch():
+    """What the backend tells the pool (note_scratch_bytes) is the decoded TQ3 tile at least."""
+    h = Harness.fake()
+    h.step({1: 3 * PS + 1}, ForwardMode.EXTEND)
+    h.retier_prefix(1, 3)
+    h.pool.stats.peak_scratch_bytes = 0  # count the decode alone
+    h.step({1: 1}, ForwardMode.DECODE)
+    assert h.pool.stats.peak_scratch_bytes >= 2 * 3 * HKV * PS * D * 4  # K and V of 3 pages, fp32

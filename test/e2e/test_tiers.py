@@ -53,7 +53,7 @@ def test_prefix_hits_on_tq3_pages(default_server):
     assert after["route_tq3_pages"] > before["route_tq3_pages"]
     assert after["prefix_hit_tq3_pages"] > before["prefix_hit_tq3_pages"], (before, after)
     assert result["cached"] >= 64 * (after["prefix_hit_tq3_pages"] - before["prefix_hit_tq3_pages"])
-    assert after["fallbacks"] == 0 and after["dense_shadow_bytes"] == 0
+    assert after["fallbacks"] == 0 and after["peak_scratch_bytes"] > 0  # tiles decoded from TQ3 pages
 
 
 def _stream(url: str, text: str, max_new_tokens: int, abort_after: int | None, results: list, i: int) -> None:

@@ -214,6 +214,7 @@ class Lifecycle(RuleBasedStateMachine):
                 if read_fmt == fmt:
                     assert read_phys not in free, (read_phys, logical)
                     assert owner.get(read_phys, logical) == logical, (read_phys, logical)
+        assert store.reference_mismatches() == 0  # the store's own check agrees with this one
         assert len(self.free_logical) == store.hot_pool.num_free + store.tq3_pool.num_free + store.num_quarantined
         live = {p for r in self.reqs.values() for p in r.pages} | set(self.tree)
         assert set(torch.nonzero(mapped).flatten().tolist()) == live

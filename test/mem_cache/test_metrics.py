@@ -1,12 +1,15 @@
-"""sglang:minima_* Prometheus metrics: SGLang's labels, gauges per tier, counters that only grow."""
+"""sglang:minima_* Prometheus metrics: SGLang's labels, gauges per tier, counters that only grow, and
+the fallback counter and scratch gauge fed by what the attention backends tell the pool."""
 
 from __future__ import annotations
 
 import torch
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from sglang_minima.config import MinimaConfig
+from sglang_minima.config import CONFIG_ENV, MinimaConfig
 from sglang_minima.mem_cache.controller import LifecycleController
+from sglang_minima.mem_cache.kv_pool import MinimaKVPool
 from sglang_minima.reporting.memory_report import memory_report
 from sglang_minima.reporting.metrics import get_minima_metrics
 from store_helpers import PS, make_store, random_kv, write_tokens
@@ -39,4 +42,33 @@ def test_metrics_follow_the_store():
     assert _sample("sglang:minima_route_pages_total", format="hot") == 4
     assert _sample("sglang:minima_route_tokens_total", format="hot") == 4 * PS
     assert _sample("sglang:minima_live_tokens") == 4 * PS
-    assert _sample("sglang:minima_dense_shadow_bytes") == 0
+    assert _sample("sglang:minima_peak_scratch_bytes") == store.stats.peak_scratch_bytes > 0  # the retier's staging
+
+
+def _exported(name: str) -> float:
+    """A sample as /metrics serves it: the text exposition of the process's registry (0 while a
+    counter was never increased: prometheus_client exports no sample for it then)."""
+    text = generate_latest(REGISTRY).decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    assert len(values) <= 1, (name, values)
+    return sum(values)
+
+
+def test_fallbacks_and_peak_scratch_reach_the_exported_text(monkeypatch):
+    """MinimaKVPool.note_fallback / note_scratch_bytes (what the attention backends call) -> the
+    store's stats -> the radix cache's step listener (MinimaMetrics.report) -> sglang:minima_* text."""
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig().to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    pool = MinimaKVPool(16 * PS, page_size=PS, dtype=torch.float32, head_num=2, head_dim=64, layer_num=2,
+                        device="cpu", enable_memory_saver=False)
+    metrics = get_minima_metrics(LABELS)
+    metrics.report(pool.store)
+    fallbacks = _exported("sglang:minima_fallbacks_total")
+    pool.note_fallback()
+    pool.note_fallback()
+    pool.note_scratch_bytes(4096)
+    pool.note_scratch_bytes(1024)  # a smaller step leaves the peak
+    metrics.report(pool.store)
+    assert pool.stats.fallbacks == 2
+    assert _exported("sglang:minima_fallbacks_total") == fallbacks + 2
+    assert _exported("sglang:minima_peak_scratch_bytes") == 4096

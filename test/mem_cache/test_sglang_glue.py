@@ -156,7 +156,8 @@ def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
     assert info["active"] and info["pool"]["hot_pages"] == 8 and info["pool"]["tq3_pages"] == 8
     assert memory["accounted_bytes"] == memory["allocated_bytes"] == sum(t.pool.get_kv_size_bytes())
     assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == N_LONG
-    assert info["stats"]["dense_shadow_bytes"] == 0 and info["stats"]["fallbacks"] == 0
+    assert info["stats"]["fallbacks"] == 0
+    assert info["stats"]["peak_scratch_bytes"] > 0  # the retier's staging (no attention ran here)
     report = memory_report(t.pool.store)
     assert report.bytes_per_live_token == report.live_bytes / N_LONG
 

@@ -136,3 +136,37 @@ def test_page_scores_are_a_globally_normalized_ewma():
     assert store.page_table.score[[1, 2]].tolist() == [0.375, 0.125]
     store.note_page_scores(torch.tensor([2]), torch.tensor([5.0]), decay=0.5)
     assert store.page_table.score[[1, 2]].tolist() == [0.1875, 0.5625]
+
+
+def test_conversion_staging_is_the_peak_scratch():
+    store = make_store()  # FP8 hot pages
+    pages = torch.tensor([2, 7, 9])
+    _filled(store, pages)
+    assert store.stats.peak_scratch_bytes == 0  # nothing converted yet
+    store.retier(pages)
+    n, h, d = 3, store.shape.num_kv_heads, store.shape.head_dim
+    gathered, encoded = 2 * n * h * PS * d, n * store.layout.page_bytes  # one layer at a time
+    assert store.stats.peak_scratch_bytes == gathered + encoded
+    store.promote(pages[:2])  # decoded pages fp32, rotated and original space, K and V
+    assert store.stats.peak_scratch_bytes == max(gathered + encoded, 4 * 2 * h * PS * d * 4)
+
+
+def test_reference_counts_equal_their_owners():
+    store = make_store()
+    pages = torch.tensor([3, 4])
+    _filled(store, pages)
+    store.note_read(pages)
+    store.retier(pages[:1])  # page 3's FP8 source waits in the quarantine: count 0, not free yet
+    assert store.reference_mismatches() == 0 and store.num_quarantined == 1
+    store.end_step()
+    store.end_step()
+    assert store.reference_mismatches() == 0
+    phys = store.page_table.phys[4].long()
+    store.hot_pool.refcount[phys] += 1  # a reference nobody owns: the page could never be freed
+    assert store.reference_mismatches() == 1
+    store.hot_pool.refcount[phys] -= 1
+    store.tq3_pool._free.append(store.tq3_pool._free[-1])  # a page listed free twice
+    assert store.reference_mismatches() == 1
+    store.tq3_pool._free.pop()
+    store.hot_pool._cooling.append(int(phys))  # a mapped page in the quarantine
+    assert store.reference_mismatches() == 1

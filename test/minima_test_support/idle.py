@@ -32,5 +32,6 @@ def assert_idle(url: str, timeout_s: float = 60) -> dict:
     assert memory["accounted_bytes"] == memory["allocated_bytes"]
     cached = rows["hot_other"] + rows["stale"]
     assert rows["free_hot"] + rows["free_tq3"] + cached == pool["logical_pages"], rows
+    assert minima["references"]["mismatched_pages"] == 0  # every count is its mapping (nothing converts between steps)
     assert minima["stats"]["retier"]["failed_pages"] == 0 and minima["stats"]["promote"]["failed_pages"] == 0
     return minima

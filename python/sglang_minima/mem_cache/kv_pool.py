@@ -20,7 +20,8 @@ Read interface for attention backends (stable):
 - ``note_read(logical_pages, hot_tokens=, tq3_tokens=)`` once per forward with every page it reads
   (holds them until the forward is done, counts routes); ``note_page_scores(logical_pages, mass)``
   once per step with each page's attention mass summed over layers, heads and queries;
-  ``note_fallback()`` / ``note_dense_shadow_bytes(n)`` if the backend ever leaves the direct path.
+  ``note_fallback()`` once per decode step the GPU kernels hand to the torch path;
+  ``note_scratch_bytes(n)`` with the scratch high-water mark of an attention call (ops.scratch)
 """
 
 from __future__ import annotations
@@ -177,5 +178,5 @@ class MinimaKVPool(MHATokenToKVPool):
     def note_fallback(self, n: int = 1) -> None:
         self.store.stats.fallbacks += n
 
-    def note_dense_shadow_bytes(self, nbytes: int) -> None:
-        self.store.stats.dense_shadow_bytes = max(self.store.stats.dense_shadow_bytes, nbytes)
+    def note_scratch_bytes(self, nbytes: int) -> None:
+        self.store.stats.note_scratch_bytes(nbytes)

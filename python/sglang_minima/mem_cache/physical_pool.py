@@ -85,6 +85,17 @@ class PhysicalPagePool:
             raise RuntimeError(f"{self.name}: physical page released more times than referenced")
         (self._free if unread else self._freed).extend(touched[counts == 0].tolist())
 
+    def mismatches(self, expected: torch.Tensor) -> int:
+        """Pages whose count is not ``expected`` (int [num_pages + 1], what their owners hold), or
+        whose place on the free list or in the quarantine disagrees with a count of 0, or that
+        are listed there twice."""
+        unreferenced = self._free + self._freed + self._cooling
+        listed = torch.zeros(self.num_pages + 1, dtype=torch.bool)
+        listed[unreferenced] = True
+        wrong = self.refcount != expected.to(self.refcount.dtype)
+        wrong[1:] |= listed[1:] != (self.refcount[1:] == 0)
+        return int(wrong.sum()) + len(unreferenced) - len(set(unreferenced))
+
     def reset(self) -> None:
         self.refcount.zero_()
         self._free = list(range(self.num_pages, 0, -1))

@@ -32,11 +32,15 @@ class MinimaStats:
     route_tq3_pages: int = 0
     route_tq3_tokens: int = 0
     fallbacks: int = 0
-    """Attention calls that left the direct per-format path (must stay 0)."""
-    dense_shadow_bytes: int = 0
-    """Largest dense copy of compressed pages ever materialized (must stay 0)."""
+    """Decode steps the GPU kernels could not serve, attended by the torch path instead."""
+    peak_scratch_bytes: int = 0
+    """Most transient scratch alive at once in one attention call or one conversion (ops.scratch):
+    decoded tiles, scores and conversion staging, beside the cache's own bytes."""
     prefix_hit_hot_pages: int = 0
     prefix_hit_tq3_pages: int = 0
+
+    def note_scratch_bytes(self, nbytes: int) -> None:
+        self.peak_scratch_bytes = max(self.peak_scratch_bytes, nbytes)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

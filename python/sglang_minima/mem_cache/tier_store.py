@@ -29,6 +29,7 @@ from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
 from sglang_minima.mem_cache.stats import ConversionStats, MinimaStats
+from sglang_minima.ops import scratch
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,18 @@ class TieredPageStore:
         self.tq3_pool.reset()
         self.page_table.unmap(torch.arange(self.page_table.num_logical_pages + 1, device=self.device))
 
+    def reference_mismatches(self) -> int:
+        """Physical pages whose reference count is not what their owners hold: the logical page
+        mapping it (1; a conversion's references live only inside ``retier``/``promote``), or whose
+        place on the free list or in the quarantine disagrees with a count of 0. 0 between steps."""
+        pt = self.page_table
+        mapped = pt.mapped
+        wrong = 0
+        for pool, fmt in ((self.hot_pool, FMT_HOT), (self.tq3_pool, FMT_TQ3)):
+            owners = pt.phys[mapped & (pt.fmt == fmt)].to("cpu", torch.int64)
+            wrong += pool.mismatches(torch.bincount(owners, minlength=pool.num_pages + 1))
+        return wrong
+
     # ---------------------------------------------------------------- routes and scores
 
     def note_read(self, logical_pages: torch.Tensor, *, hot_tokens: int = 0, tq3_tokens: int = 0) -> None:
@@ -260,8 +273,10 @@ class TieredPageStore:
         src_pool.retain(src)
         dst = dst_pool.alloc(n)
         try:
-            for layer in range(self.shape.num_layers):
-                copy_layer(layer, src, dst.to(self.device))
+            with scratch.measure() as meter:
+                for layer in range(self.shape.num_layers):
+                    copy_layer(layer, src, dst.to(self.device))
+            self.stats.note_scratch_bytes(meter.peak_bytes)
         except Exception:
             logger.exception("Minima: converting %d pages to format %d failed; they keep their format", n, dst_fmt)
             dst_pool.release(dst, unread=True)  # never published: no forward read them
@@ -277,14 +292,16 @@ class TieredPageStore:
     def _encode_layer(self, layer: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         k, v = self._hot_pages(layer, src)
         k_scale, v_scale = (self.k_scales[layer], self.v_scales[layer]) if self.is_fp8 else (None, None)
-        self.tq3[layer][dst] = encode_pages(
-            k, v, self.layout, self.rotations[layer], self.codebook, k_scale=k_scale, v_scale=v_scale
-        )
+        pages = encode_pages(k, v, self.layout, self.rotations[layer], self.codebook, k_scale=k_scale, v_scale=v_scale)
+        scratch.note(k, v, pages)  # staging: the gathered hot pages and their encoding
+        self.tq3[layer][dst] = pages
 
     def _decode_layer(self, layer: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         k_rot, v_rot = decode_pages(self.tq3[layer][src], self.layout, self.codebook)
         rotation = self.rotations[layer]
-        self._store_hot_pages(layer, dst, to_original_space(k_rot, rotation), to_original_space(v_rot, rotation))
+        k, v = to_original_space(k_rot, rotation), to_original_space(v_rot, rotation)
+        scratch.note(k_rot, v_rot, k, v)  # staging: the decoded pages, rotated and original space
+        self._store_hot_pages(layer, dst, k, v)
 
     def _hot_pages(self, layer: int, phys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hot pages of one layer as [N, H, P, D] (store dtype)."""

@@ -5,7 +5,7 @@ softmax), not one loop per request.
 The same (out, base-2 LSE) as the per-request ops in paged.py, up to summation order: each tile
 of ``tile_pages`` pages (across requests) is decoded, scored against the query of the request
 each page belongs to, reduced per request with scatter ops, and folded into the running state
-with merge_attention_states. Scratch is one tile, never the whole cache. Keys are masked by
+with merge_attention_states. Scratch is one tile, never the whole cache (noted in ops.scratch). Keys are masked by
 position (``page_index * page_size + offset < kv_len``), so partial last pages need no special case.
 """
 
@@ -23,6 +23,7 @@ from ..codec.tq3 import decode_pages
 from .dense import LOG2E
 from .merge import merge_attention_states
 from .paged import dequantize_hot
+from .scratch import note as note_scratch
 
 DEFAULT_TILE_PAGES = 64
 
@@ -52,6 +53,7 @@ def _segment_attend(
     m = m.scatter_reduce(0, idx, s.amax(-1), reduce="amax")
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     p = torch.exp2(s - m[req].unsqueeze(-1))
+    note_scratch(qg, s, p)
     denom = torch.zeros_like(m).index_add_(0, req, p.sum(-1))
     out = torch.zeros(b, h, g, dv, dtype=torch.float32, device=q.device)
     out.index_add_(0, req, torch.einsum("nhgp,nphd->nhgd", p, v.to(torch.float32)))
@@ -99,8 +101,10 @@ def hot_batch_decode(
         ids = hot.pages[span].to(torch.int64)
         k, v = dequantize_hot(k_pages[ids], k_scale), dequantize_hot(v_pages[ids], v_scale)
         visible = _token_visibility(hot.page_index[span], req, kv_lens, ps)
+        note_scratch(k, v, visible)
         tile = _segment_attend(q, req, k, v, visible, sm_scale)
         out, lse = merge_attention_states(out, lse, *tile)
+        del k, v, visible  # before the next tile is decoded: scratch is one tile at a time
     return out, lse
 
 
@@ -121,8 +125,10 @@ def tq3_batch_decode(
     for req, span in _tiles(tq3, tile_pages):
         k, v = decode_pages(buffer[tq3.pages[span].to(torch.int64)], layout, codebook)  # [n, H, P, D]
         visible = _token_visibility(tq3.page_index[span], req, kv_lens, ps)
+        note_scratch(k, v, visible)
         tile = _segment_attend(q_rot, req, k.transpose(1, 2), v.transpose(1, 2), visible, sm_scale)
         out, lse = merge_attention_states(out, lse, *tile)
+        del k, v, visible  # before the next tile is decoded: scratch is one tile at a time
     return out, lse
 
 

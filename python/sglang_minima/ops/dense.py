@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from .scratch import note as note_scratch
+
 LOG2E = 1.0 / math.log(2.0)
 
 
@@ -33,6 +35,7 @@ def attend(
     m = s.amax(-1, keepdim=True) if n else s.new_full((t, h, hq // h, 1), float("-inf"))
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     p = torch.exp2(s - m)
+    note_scratch(s, p)
     denom = p.sum(-1)
     out = torch.einsum("thgn,nhd->thgd", p, v.to(torch.float32))
     out = out / torch.where(denom > 0, denom, torch.ones_like(denom)).unsqueeze(-1)

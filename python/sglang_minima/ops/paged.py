@@ -24,6 +24,7 @@ from ..codec.rotation import LayerRotation
 from ..codec.tq3 import decode_page_keys, decode_pages
 from .dense import attend, causal_mask
 from .merge import merge_attention_states
+from .scratch import note as note_scratch
 
 DEFAULT_TILE_TOKENS = 256
 DEFAULT_TILE_PAGES = 4
@@ -119,6 +120,7 @@ def kv_tiles(
         end = min(start + tile, n)
         k, v = kv.load(start, end) if values else (kv.load_keys(start, end), None)
         mask = None if q_positions is None else causal_mask(q_positions, kv.key_positions(start, end))
+        note_scratch(k, v, mask)
         yield KVTile(start, end, k, v, mask)
 
 

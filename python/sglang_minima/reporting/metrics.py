@@ -5,7 +5,9 @@ Counters fed with the increase since the last update. Names:
 
 - ``sglang:minima_pages{tier}`` and ``sglang:minima_bytes{tier,kind}`` (kind payload/metadata/padding)
   for tier in recent, anchor, hot_other, stale, held_hot, held_tq3, free_hot, free_tq3, padding
-- ``sglang:minima_live_tokens``, ``sglang:minima_bytes_per_live_token``, ``sglang:minima_dense_shadow_bytes``
+- ``sglang:minima_live_tokens``, ``sglang:minima_bytes_per_live_token``
+- ``sglang:minima_peak_scratch_bytes``: the most transient scratch one attention call or conversion
+  held at once (decoded tiles, scores, staging; ops/scratch.py), beside the cache bytes above
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
   ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
   (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total``
@@ -74,7 +76,9 @@ class MinimaMetrics:
         self.bytes = gauge("bytes", "KV bytes per Minima tier or state (payload, metadata, padding).", ("tier", "kind"))
         self.live_tokens = gauge("live_tokens", "Tokens held in mapped KV pages.")
         self.bytes_per_live_token = gauge("bytes_per_live_token", "KV bytes of mapped pages per live token.")
-        self.dense_shadow_bytes = gauge("dense_shadow_bytes", "Largest dense copy of compressed pages (0).")
+        self.peak_scratch_bytes = gauge(
+            "peak_scratch_bytes", "Most transient scratch (decoded tiles, scores, staging) alive at once in a step."
+        )
         self.conversions = counter("conversions", "Batched page conversions.", ("direction",))
         self.conversion_pages = counter("conversion_pages", "Pages converted.", ("direction",))
         self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
@@ -82,7 +86,7 @@ class MinimaMetrics:
         self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no hot page was free.")
         self.route_pages = counter("route_pages", "Pages attended per format.", ("format",))
         self.route_tokens = counter("route_tokens", "Tokens attended per format.", ("format",))
-        self.fallbacks = counter("fallbacks", "Attention calls off the direct per-format path (0).")
+        self.fallbacks = counter("fallbacks", "Decode steps the GPU kernels handed to the torch path.")
         self.prefix_hit_pages = counter("prefix_hit_pages", "Prefix-cache hit pages by format.", ("format",))
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
 
@@ -97,7 +101,7 @@ class MinimaMetrics:
                 self.bytes.labels(**self.labels, tier=tier, kind=kind).set(getattr(usage, f"{kind}_bytes"))
         self.live_tokens.labels(**self.labels).set(report.live_tokens)
         self.bytes_per_live_token.labels(**self.labels).set(report.bytes_per_live_token)
-        self.dense_shadow_bytes.labels(**self.labels).set(stats.dense_shadow_bytes)
+        self.peak_scratch_bytes.labels(**self.labels).set(stats.peak_scratch_bytes)
         for direction, conv in (("retier", stats.retier), ("promote", stats.promote)):
             self._advance(self.conversions, conv.batches, direction=direction)
             self._advance(self.conversion_pages, conv.pages, direction=direction)

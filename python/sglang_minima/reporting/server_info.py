@@ -9,7 +9,8 @@ from sglang_minima.reporting.memory_report import memory_report
 
 
 def minima_server_info(scheduler) -> dict[str, Any]:
-    """Pages and bytes per tier, lifecycle and route counters of this scheduler's Minima pool."""
+    """Pages and bytes per tier, the reference-count check, lifecycle and route counters (the peak
+    transient scratch among them, apart from the cache's bytes) of this scheduler's Minima pool."""
     allocator = scheduler.token_to_kv_pool_allocator
     if not isinstance(allocator, MinimaPagedAllocator):
         return {"active": False}
@@ -31,5 +32,6 @@ def minima_server_info(scheduler) -> dict[str, Any]:
             "step": store.step,
         },
         "memory": memory_report(store).as_dict(),
+        "references": {"mismatched_pages": store.reference_mismatches()},
         "stats": store.stats.as_dict(),
     }

@@ -10,7 +10,9 @@ This first form is eager: the wrapper sizes its buffers from the step's page cou
 step), so servers run without CUDA graphs. Every kernel a plan may pick is built when the wrapper is
 made (``MinimaDecodeWrapper.compile``), at the first decode of SGLang's start-up warm-up. A decode step the kernels cannot serve (head dims that
 are not a power of two, GQA groups or page sizes they were not built for) is attended by the torch
-path and counted as a fallback (``sglang:minima_fallbacks_total``).
+path and counted as a fallback (``sglang:minima_fallbacks_total``). Scratch is measured on the torch
+path only: the kernels decode in registers and shared memory, but the buffers the wrapper sizes per
+plan are not counted in ``sglang:minima_peak_scratch_bytes`` yet.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ Contract with the pool (MinimaKVPool): the page table maps every page of the bat
 forward (the allocator maps new pages at allocation, always to hot pages). ``note_read`` is told the
 logical pages each forward reads, once per step, and counts the routes (pages and tokens attended
 per format); it takes no reference: a physical page freed while a forward may still read it waits
-in the pool's release quarantine (mem_cache/physical_pool.py). There
-is no dense fallback and no dense copy of a compressed page: every read goes through the tiled ops.
+in the pool's release quarantine (mem_cache/physical_pool.py). There is no dense fallback and no
+dense copy of a compressed page: every read goes through the tiled ops, and each layer's call tells
+the pool its scratch high-water mark (``note_scratch_bytes``: decoded tiles and scores, measured by
+ops.scratch).
 With ``--minima-attention-score-anchors``, the backend also sums each page's attention mass over the
 layers of a step (page_mass.py) and reports it after the last layer (``note_page_scores``).
 """
@@ -36,6 +38,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_minima.layers.attention.forward_plan import ForwardPlan, plan_forward
 from sglang_minima.layers.attention.page_mass import hot_token_mass, tq3_page_mass
 from sglang_minima.layers.attention.plan import BatchRoute, RequestRoute, RouteCounts, plan_batch
+from sglang_minima.ops import scratch
 from sglang_minima.ops.batched_decode import mixed_batch_decode
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, hot_paged_attention, mixed_paged_attention
 
@@ -184,6 +187,13 @@ class MinimaNativeAttnBackend(AttentionBackend):
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer_id_override=self._pool_layer(layer)
             )
+        with scratch.measure() as meter:
+            o = self._attend(q, layer)
+        self.token_to_kv_pool.note_scratch_bytes(meter.peak_bytes)
+        return o
+
+    def _attend(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
+        """This layer's attention output [T, Hq * Dv] (q's dtype) over the pool's pages."""
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         if isinstance(self.forward_metadata, BatchedDecode):
             return self._decode_batch(q3, layer).to(q.dtype).reshape(q3.shape[0], -1)
