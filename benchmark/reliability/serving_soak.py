@@ -13,7 +13,7 @@ back to FP8, prefix-cache evictions and request retractions. For ``--duration-s`
 - disconnecting clients: streams closed after a random number of chunks (SGLang aborts them);
 - abort clients: requests with their own rid, cancelled by ``/abort_request`` after a random delay.
 
-Retractions: in five 2-3 minute pilots (pools of 1,024 to 2,048 tokens, conservativeness down to
+Retractions: in six 2-3 minute pilots (pools of 1,024 to 2,048 tokens, conservativeness down to
 0.05) decode never ran out of pages by itself: admission is bounded by the FP8 pages a prefill can
 get, so the running set stays inside the pool. ``--forced-retract-interval`` (default 40) turns on
 SGLang's own ``SGLANG_TEST_RETRACT``, which retracts one running request every N forward steps
