@@ -27,12 +27,11 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
-
 from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.fp8 import fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout

@@ -7,7 +7,16 @@ from functools import lru_cache
 
 import torch
 
-from .layout import KEY, NUM_CODES, TQ3_BITS, TRIPLE_WORDS, VALUE, WORD_BITS, TQ3PageLayout, code_bit_index
+from .layout import (
+    KEY,
+    NUM_CODES,
+    TQ3_BITS,
+    TRIPLE_WORDS,
+    VALUE,
+    WORD_BITS,
+    TQ3PageLayout,
+    code_bit_index,
+)
 
 
 @lru_cache(maxsize=32)

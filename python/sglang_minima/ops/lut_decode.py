@@ -1,25 +1,26 @@
 """Decode for a whole batch with few, large torch ops: the CPU fast path of ``batched_decode``.
 
 The same inputs and the same (out, base-2 LSE) as ``batched_decode.mixed_batch_decode`` (the
-reference), up to float rounding (summation order; norms and scales applied to scores and outputs
-instead of to every key and value), in far fewer and larger torch ops per tile of pages:
+reference), up to float rounding (summation order; the key norm, the value scale and zero and the
+FP8 scales applied to scores, weights and outputs instead of to every key and value element). What
+the reference spends its time on (profiled in docs/results/cpu_decode.md) and what replaces it:
 
-* TQ3 codes are decoded in layout.py's MMA order, never put back in (token, dim) order: per tile,
-  ``(words >> shifts) & 7`` broadcast over all lane streams gives 30 of every 32 codes of a triple
-  (``codec.lane_decode``), keys become centroids by one 1-D gather from the 8-entry codebook, values
-  stay small integers. A page's scores are one small GEMM of the rotated query, laid out in the
-  keys' column order (two rows per query head, one per 8-token half of a chunk, zeros where a
-  code belongs to the other), against the codes; the fp16 norm correction then scales the scores.
-  Values: the softmax weights times the per-token scale (two rows per head again, one per token
-  half) times the codes, one GEMM per page; the zero point is a weighted sum of the weights, and one
-  ``index_add`` puts each column on its dim.
-* hot FP8 pages: one 1-D gather from the 256-entry e4m3 table, written straight into
-  [page, head, token, dim]; the per-layer scales multiply the query and the output instead.
+* TQ3 code unpacking (a gather of its word, a shift and a mask per code, by advanced indexing):
+  ``codec.packing.key_pair_fields`` / ``code_ints`` give a tile's codes in (token, dim) order with
+  one 1-D gather of words, one shift and one mask over the whole tile (each triple gets one extra
+  word for its spare pair, so every code is adjacent bits of one word).
+* key centroids: a key's pair of adjacent dims is one 6-bit field, so one 1-D gather of int64
+  elements from a 64-entry table of fp32 centroid pairs writes both dims; no per-element norm
+  multiply (the fp16 norm correction scales the scores, [tokens] instead of [tokens, D]).
+* values: ``scale * code + zero`` is never formed: the weights are multiplied by the scale, the
+  codes are the GEMM operand, and the zero point adds ``sum(p * zero)`` to the output.
+* FP8 pages: the e4m3 table decode writes [page, head, token, dim] at once (no permuted copy for
+  the GEMMs); the per-layer scales multiply the query and the output.
+* the rotation: q' = R q and out = R^T out' as one small GEMM each (R cached per layer) instead of
+  the six-stage FWHT, equal up to rounding; masks only where a page reaches past its request's end.
 
-GEMM shapes are chosen so that the wide side is the output (a [6, 120] x [120, 32] product is ~7x
-faster than its transpose on this MKL CPU build). The query is rotated once (q' = R q) and the TQ3
-output un-rotated once, as in the reference. ``minima_native`` selects it on CPU, where it is
-measured faster (benchmark/ops/bench_cpu_decode.py, docs/results/cpu_decode.md).
+Pages are still read a tile at a time (no dense copy of the cache) and tiles folded by the
+online-softmax merge. ``minima_native`` selects it on CPU (benchmark/ops/bench_cpu_decode.py).
 """
 
 from __future__ import annotations
@@ -174,20 +175,20 @@ def lut_tq3_batch_decode(
         n = span.stop - span.start
         pw = words.index_select(0, tq3.pages[span].to(torch.int64))  # [n, page_words]
         fp16 = pw.view(torch.float16)
-
-        def meta_field(offset: int) -> torch.Tensor:
-            return fp16[:, offset // 2 : offset // 2 + meta].view(n, h, 1, ps).to(torch.float32)
-
+        k_norm, v_scale, v_zero = (
+            fp16[:, off // 2 : off // 2 + meta].view(n, h, 1, ps).to(torch.float32)
+            for off in (layout.k_norm_offset, layout.v_scale_offset, layout.v_zero_offset)
+        )
         fields = key_pair_fields(pw[:, k0 : k0 + code_words].view(n, h, -1), ps, d)
         k = pairs.index_select(0, fields.view(-1)).view(torch.float32).view(n * h, ps, d)
         s = torch.bmm(qs.index_select(0, req).view(n * h, g, d), k.transpose(1, 2)).view(n, h, g, ps)
         visible = _visibility(tq3.page_index[span], req, kv_lens, ps)
-        p, m, denom = _segment_softmax(s * meta_field(layout.k_norm_offset), req, visible, b)
+        p, m, denom = _segment_softmax(s * k_norm, req, visible, b)
         # values scale * code + zero: the scale folds into the weights, the zero into their sum
         v = code_ints(pw[:, v0 : v0 + code_words].view(n, h, -1), VALUE, ps, d).to(torch.float32)
-        w = p * meta_field(layout.v_scale_offset)
+        w = p * v_scale
         o = torch.baddbmm(
-            (p * meta_field(layout.v_zero_offset)).sum(-1).view(n * h, g, 1), w.view(n * h, g, ps), v.view(n * h, ps, d)
+            (p * v_zero).sum(-1).view(n * h, g, 1), w.view(n * h, g, ps), v.view(n * h, ps, d)
         )
         acc = torch.zeros(b, h, g, d, dtype=torch.float32, device=dev).index_add_(0, req, o.view(n, h, g, d))
         out, lse = _merge(out, lse, span.start == 0, *_finish(acc, m, denom))

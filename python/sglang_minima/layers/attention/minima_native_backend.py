@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
@@ -35,10 +34,20 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_minima.layers.attention.forward_plan import ForwardPlan, plan_forward
 from sglang_minima.layers.attention.page_mass import hot_token_mass, tq3_page_mass
-from sglang_minima.layers.attention.plan import BatchRoute, RequestRoute, RouteCounts, plan_batch
+from sglang_minima.layers.attention.plan import (
+    BatchRoute,
+    RequestRoute,
+    RouteCounts,
+    plan_batch,
+)
 from sglang_minima.ops.batched_decode import mixed_batch_decode
 from sglang_minima.ops.lut_decode import lut_mixed_batch_decode
-from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, hot_paged_attention, mixed_paged_attention
+from sglang_minima.ops.paged import (
+    HotPagedKV,
+    Tq3PagedKV,
+    hot_paged_attention,
+    mixed_paged_attention,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
