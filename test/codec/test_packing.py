@@ -6,7 +6,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sglang_minima.codec.layout import (
     CHUNK_TOKENS,
     KEY,
@@ -18,7 +17,12 @@ from sglang_minima.codec.layout import (
     pair_coords,
     triple_codes,
 )
-from sglang_minima.codec.packing import pack_codes, unpack_codes
+from sglang_minima.codec.packing import (
+    code_ints,
+    key_pair_fields,
+    pack_codes,
+    unpack_codes,
+)
 
 KINDS = [KEY, VALUE]
 
@@ -288,3 +292,46 @@ def test_bad_inputs():
         pack_codes(torch.zeros(8, 64, dtype=torch.uint8), VALUE)
     with pytest.raises(ValueError, match="page_size to be a positive multiple of 16, got 8"):
         unpack_codes(torch.zeros(192, dtype=torch.uint8), KEY, 8, 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    page_size=st.sampled_from([16, 32, 64]),
+    head_dim=st.sampled_from([64, 128, 192, 256]),
+    blocks=st.integers(1, 7),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_code_ints_reads_the_codes_of_unpack_codes(kind, page_size, head_dim, blocks, seed):
+    """The fast path's word reads (code_ints) give exactly unpack_codes' codes, any bytes, any geometry."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (blocks, 2, page_size * head_dim * 3 // 8), dtype=torch.uint8, generator=g)
+    want = unpack_codes(packed, kind, page_size, head_dim).to(torch.int32)
+    got = code_ints(packed.view(torch.int32), kind, page_size, head_dim)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.view(blocks, 2, page_size, head_dim), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    page_size=st.sampled_from([16, 32, 64]),
+    head_dim=st.sampled_from([64, 128, 256]),
+    blocks=st.integers(1, 7),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_key_pair_fields_join_the_codes_of_adjacent_dims(page_size, head_dim, blocks, seed):
+    """key_pair_fields[t, j] = code(t, 2j) | code(t, 2j + 1) << 3, the spare pair included."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (blocks, page_size * head_dim * 3 // 8), dtype=torch.uint8, generator=g)
+    codes = unpack_codes(packed, KEY, page_size, head_dim).to(torch.int32).view(blocks, page_size, head_dim // 2, 2)
+    got = key_pair_fields(packed.view(torch.int32), page_size, head_dim)
+    assert torch.equal(got.view(blocks, page_size, head_dim // 2), codes[..., 0] | (codes[..., 1] << 3))
+
+
+def test_code_ints_refuses_what_it_cannot_read():
+    with pytest.raises(TypeError, match="int32"):
+        code_ints(torch.zeros(96, dtype=torch.uint8), KEY, 16, 64)
+    with pytest.raises(ValueError, match="need 96 words"):
+        code_ints(torch.zeros(95, dtype=torch.int32), KEY, 16, 64)
+    with pytest.raises(ValueError, match="need 96 words"):
+        key_pair_fields(torch.zeros(97, dtype=torch.int32), 16, 64)

@@ -7,7 +7,16 @@ from functools import lru_cache
 
 import torch
 
-from .layout import KEY, NUM_CODES, TQ3_BITS, VALUE, TQ3PageLayout, code_bit_index
+from .layout import (
+    KEY,
+    NUM_CODES,
+    TQ3_BITS,
+    TRIPLE_WORDS,
+    VALUE,
+    WORD_BITS,
+    TQ3PageLayout,
+    code_bit_index,
+)
 
 
 @lru_cache(maxsize=32)
@@ -80,3 +89,110 @@ def unpack_codes(packed: torch.Tensor, kind: str, page_size: int, head_dim: int)
         parts = [((words[..., spread_word[b]] >> spread_shift[b]) & 1) << b for b in range(TQ3_BITS)]
         codes[..., spread] = parts[0] | parts[1] | parts[2]
     return codes.to(torch.uint8).view(*packed.shape[:-1], page_size, head_dim)
+
+
+def _spread_mask(kind: str) -> int:
+    """Both spare bits of a word: the spare pair's codes have bit ``b`` at these bits of word ``b``.
+    ``spread_words`` shifts word ``b``'s copy ``b`` bits up, so each code becomes three adjacent bits."""
+    s0, s1 = WORD_BITS[kind].spare
+    if not (s0 + TQ3_BITS <= s1 and s1 + TQ3_BITS <= 32):
+        raise AssertionError(f"packing: the spare bits {WORD_BITS[kind].spare} of {kind!r} cannot be spread")
+    return (1 << s0) | (1 << s1)
+
+
+@lru_cache(maxsize=32)
+def _spread_reads(kind: str, page_size: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word, shift) [P*D] of each code of a head's block in (token, dim) order, reading the block's
+    words followed by one spread word per triple (``code_ints``): three adjacent bits for every code."""
+    index = _bit_index(kind, page_size, head_dim, "cpu").view(-1, TQ3_BITS)
+    low = index[:, 0]
+    word, shift = low // 32, low % 32
+    adjacent = (index[:, 1] == low + 1) & (index[:, 2] == low + 2) & (low // 32 == (low + 2) // 32)
+    triple = word // TRIPLE_WORDS
+    spread = index - ((TRIPLE_WORDS * triple) * 32).unsqueeze(1)  # bit b of a spread code: word b, same bit
+    expected = (torch.arange(TQ3_BITS) * 32).unsqueeze(0) + spread[:, :1]
+    if not bool(torch.equal(spread[~adjacent], expected.expand_as(spread)[~adjacent])):
+        raise AssertionError(f"packing: the non-adjacent codes of {kind!r} are not spread over a triple's words")
+    num_words = page_size * head_dim * TQ3_BITS // 32
+    word = torch.where(adjacent, word, num_words + triple)
+    return word.to(device), shift.to(torch.int32).to(device)
+
+
+def code_ints(words: torch.Tensor, kind: str, page_size: int, head_dim: int) -> torch.Tensor:
+    """int32 words [..., P*D*3/32] of head code blocks (their little-endian bytes) -> int32 codes
+    [..., P*D] in (token, dim) order: the codes of ``unpack_codes``, in a handful of long ops (the
+    CPU fast path). Each triple gets a spread word (its three words' spare bits, word ``b``'s moved
+    ``b`` bits up), after which every code is three adjacent bits of one word: one gather of words,
+    one shift, one mask."""
+    if words.dtype != torch.int32:
+        raise TypeError(f"code_ints expects int32 words, got dtype={words.dtype}")
+    _check(kind, page_size, head_dim, words.device)
+    if sys.byteorder != "little":
+        raise RuntimeError("code_ints reads the code blocks as little-endian 32-bit words")
+    lead, n = words.shape[:-1], words.shape[-1]
+    if n != page_size * head_dim * TQ3_BITS // 32:
+        raise ValueError(f"code_ints: page_size={page_size}, head_dim={head_dim} need {page_size * head_dim * TQ3_BITS // 32} words, got {n}")
+    mask = _spread_mask(kind)
+    w = words.reshape(-1, n // TRIPLE_WORDS, TRIPLE_WORDS)
+    spread = (w[..., 0] & mask) | ((w[..., 1] & mask) << 1) | ((w[..., 2] & mask) << 2)
+    ext = torch.cat([w.view(w.shape[0], n), spread], dim=1)
+    reads, shift = _block_reads(kind, page_size, head_dim, words.device, _rows_bucket(ext.shape[0]))
+    codes = ext.view(-1).index_select(0, reads[: ext.shape[0]].view(-1)).view(ext.shape[0], -1)
+    return codes.bitwise_right_shift_(shift).bitwise_and_(NUM_CODES - 1).view(*lead, -1)
+
+
+def _rows_bucket(rows: int) -> int:
+    """Blocks per cached read index: the next power of two (a few cached sizes serve every tile)."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+@lru_cache(maxsize=32)
+def _block_reads(kind: str, page_size: int, head_dim: int, device: torch.device, rows: int):
+    """(int32 word of each code of ``rows`` consecutive extended blocks [rows, P*D], shift [P*D])."""
+    word, shift = _spread_reads(kind, page_size, head_dim, device)
+    ext_words = page_size * head_dim * TQ3_BITS // 32 * (TRIPLE_WORDS + 1) // TRIPLE_WORDS
+    base = torch.arange(rows, device=device, dtype=torch.int64).view(-1, 1) * ext_words
+    return (base + word).to(torch.int32), shift
+
+
+@lru_cache(maxsize=32)
+def _key_field_reads(page_size: int, head_dim: int, device: torch.device, rows: int):
+    """(int32 word [rows, P*D/2], shift [P*D/2]) of each key pair field (dims 2j, 2j+1 of a token) of
+    ``rows`` consecutive extended blocks (``key_pair_fields``)."""
+    bits = WORD_BITS[KEY]
+    if bits.high_offset != TQ3_BITS:
+        raise AssertionError(f"packing: key pairs are not 6-bit fields ({bits})")
+    index = _bit_index(KEY, page_size, head_dim, "cpu").view(page_size, head_dim // 2, 2, TQ3_BITS)
+    low, high = index[:, :, 0, 0], index[:, :, 1, 0]
+    adjacent = (high == low + TQ3_BITS) & (low // 32 == (low + 2 * TQ3_BITS - 1) // 32)
+    spread = (low // 32) % TRIPLE_WORDS == 0  # a spread pair's low code starts in its triple's word 0
+    if not bool((adjacent | spread).all()):
+        raise AssertionError("packing: a key pair is neither one 6-bit field nor the spare pair")
+    num_words = page_size * head_dim * TQ3_BITS // 32
+    word = torch.where(adjacent, low // 32, num_words + low // 32 // TRIPLE_WORDS).flatten()
+    shift = torch.where(adjacent, low % 32, 0).flatten().to(torch.int32)
+    ext_words = num_words * (TRIPLE_WORDS + 1) // TRIPLE_WORDS
+    base = torch.arange(rows, dtype=torch.int64).view(-1, 1) * ext_words
+    return (base + word).to(torch.int32).to(device), shift.to(device)
+
+
+def key_pair_fields(words: torch.Tensor, page_size: int, head_dim: int) -> torch.Tensor:
+    """int32 words [..., P*D*3/32] of key code blocks -> int32 [..., P*D/2]: for each token and
+    each dim pair (2j, 2j+1), the 6-bit field ``code(2j) | code(2j+1) << 3`` (the keys' pair, one
+    index into a 64-entry table of centroid pairs). Each triple gets one extra word holding the spare
+    pair's field, so every field is one shift and one mask of one word."""
+    if words.dtype != torch.int32:
+        raise TypeError(f"key_pair_fields expects int32 words, got dtype={words.dtype}")
+    _check(KEY, page_size, head_dim, words.device)
+    lead, n = words.shape[:-1], words.shape[-1]
+    if n != page_size * head_dim * TQ3_BITS // 32:
+        raise ValueError(f"key_pair_fields: page_size={page_size}, head_dim={head_dim} need {page_size * head_dim * TQ3_BITS // 32} words, got {n}")
+    s0, s1 = WORD_BITS[KEY].spare
+    mask = _spread_mask(KEY)
+    w = words.reshape(-1, n // TRIPLE_WORDS, TRIPLE_WORDS)
+    spread = (w[..., 0] & mask) | ((w[..., 1] & mask) << 1) | ((w[..., 2] & mask) << 2)
+    field = ((spread >> s0) & (NUM_CODES - 1)) | (((spread >> s1) & (NUM_CODES - 1)) << TQ3_BITS)
+    ext = torch.cat([w.view(w.shape[0], n), field], dim=1)
+    reads, shift = _key_field_reads(page_size, head_dim, words.device, _rows_bucket(ext.shape[0]))
+    fields = ext.view(-1).index_select(0, reads[: ext.shape[0]].view(-1)).view(ext.shape[0], -1)
+    return fields.bitwise_right_shift_(shift).bitwise_and_((1 << 2 * TQ3_BITS) - 1).view(*lead, -1)
