@@ -58,9 +58,14 @@ def _build_overrides(name: str, config: dict[str, int] | None, options: tuple[st
     return config
 
 
+def _build_key(build: dict[str, int]) -> tuple:
+    """A kernel cache's key for a build (its options, in a fixed order)."""
+    return tuple(sorted(build.items()))
+
+
 def _built(kernels: dict[tuple, object], build: dict[str, int], make) -> object:
     """The kernel of ``build`` from the cache ``kernels``, made by ``make(**build)`` on first use."""
-    key = tuple(sorted(build.items()))
+    key = _build_key(build)
     if key not in kernels:
         kernels[key] = make(**build)
     return kernels[key]
@@ -323,13 +328,13 @@ class MinimaDecodeWrapper:
                 jobs.append((self._fp8_kernels, {**fp8_tile_config(fp8_p, d, pages_per_split), **self._fp8_config}, self._make_fp8()))
         todo: dict[tuple, tuple[dict, dict[str, int], object]] = {}
         for cache, build, make in jobs:
-            key = tuple(sorted(build.items()))
+            key = _build_key(build)
             if key not in cache:
                 todo.setdefault((id(cache), key), (cache, build, make))
         with ThreadPoolExecutor(max(1, min(max_workers, len(todo)))) as pool:
             built = list(pool.map(lambda job: job[2](**job[1]), todo.values()))
         for (cache, build, _), kernel in zip(todo.values(), built):
-            cache[tuple(sorted(build.items()))] = kernel
+            cache[_build_key(build)] = kernel
         self._compile_flashinfer()
         return len(todo)
 
