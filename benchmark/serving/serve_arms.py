@@ -87,6 +87,7 @@ def arms(device: str) -> dict[str, Arm]:
     sglang = sglang_flags("flashinfer" if device == "cuda" else "torch_native")
     return {
         "minima": Arm("minima", "sglang_minima.launch_server", []),
+        "minima-eager": Arm("minima-eager", "sglang_minima.launch_server", ["--cuda-graph-backend-decode", "disabled"]),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
         "minima-native": Arm("minima-native", "sglang_minima.launch_server", ["--attention-backend", "minima_native"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),

@@ -1,9 +1,10 @@
 """Mixed FP8 / TQ3 paged decode: FlashInfer or TileLang over the FP8 pages, TileLang over the TQ3
 pages, one LSE merge. ``plan()`` does the host-side work once per batch shape (page lists to the device, split
-count, output buffers, kernel selection); ``run()`` only launches device work, so it can be captured
-in a CUDA graph with the planned buffers. Each ``plan()`` makes new buffers and may pick other split
-counts or another FP8 kernel: a graph captured after one ``plan()`` must be captured again after the
-next.
+count, output buffers, kernel selection); ``run()`` only launches device work. ``plan()`` reads the
+page lists on the host and picks the fastest path for them (eager steps); ``plan_graph()`` reads
+nothing: it binds fixed-capacity device lists (written in the graph at every replay) to the fused
+decode with split counts from the batch size alone and buffers kept per batch size, so a CUDA graph
+captured over its ``run()`` calls serves any later lists.
 
 Per request, the FP8 pages (Recent + Anchor) and the TQ3 pages (Stale) are two disjoint sets of the
 request's KV; attention is order-free, so each set is attended on its own, giving (out, lse) in base 2.
@@ -37,10 +38,12 @@ from .fp8_decode import FP8_BUILD_OPTIONS, fp8_decode_kernel
 from .heuristics import (
     FP8_KERNELS,
     TWO_PAGE_STEP_MIN_PAGES,
+    DecodePath,
     choose_path,
     device_sm_count,
     fp8_tile_config,
     fused_build_of,
+    graph_splits,
     tile_config,
     tilelang_fp8_applies,
 )
@@ -182,6 +185,8 @@ class MinimaDecodeWrapper:
         self.overlap_fp8 = overlap_fp8  # the FP8 part on a side stream, concurrent with the TQ3 part
         self.fp8_kernel = fp8_kernel
         self._has_fp8 = self._has_tq3 = False
+        # plan_graph's buffers per (batch, splits): made once, kept while the wrapper lives
+        self._graph_buffers: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
         self.tq3_plan: TQ3Plan | None = None
         self.fp8_plan: FP8SplitPlan | None = None
 
@@ -244,26 +249,84 @@ class MinimaDecodeWrapper:
         if has_tq3 and not use_fused:  # (a fused plan's TQ3 pages are its mixed kernel's)
             tq3_kernel = _built(self._tq3_kernels, tq3_build, self._make_tq3())
         # validated: from here on the wrapper's state changes
+        self._bind(
+            batch, path, tq3_build, fp8_build, fp8_kernel, tq3_kernel, mixed_kernel, has_fp8, has_tq3,
+            fp8_indptr, fp8_page_ids, fp8_last_page_len, tq3_indptr, tq3_page_ids,
+        )
+
+    def plan_graph(
+        self,
+        fp8_indptr: torch.Tensor,
+        fp8_page_ids: torch.Tensor,
+        fp8_last_page_len: torch.Tensor,
+        tq3_indptr: torch.Tensor,
+        tq3_page_ids: torch.Tensor,
+        *,
+        max_pages: int,
+    ) -> None:
+        """Plan a batch for a CUDA graph: the same lists as ``plan``, but device tensors of fixed
+        capacity (live entries first, as ``forward_plan.plan_forward`` writes them) that are read by
+        the kernels only, at every replay: nothing here reads them, so nothing syncs and the graph
+        serves whatever lists the tensors hold then. The path is the fused decode (FP8 pages of the
+        TQ3 page size), its split counts from the batch size and ``max_pages`` (every request's bound
+        in pages) alone (``heuristics.graph_splits``). The split and output buffers are made once per
+        batch size and kept: a captured graph's addresses stay valid whatever ``plan`` runs between
+        its replays."""
+        if self.fp8_page_size != self.page_size:
+            raise ValueError(
+                f"plan_graph runs the fused decode: FP8 pages of the TQ3 page size {self.page_size}, got {self.fp8_page_size}"
+            )
+        batch = fp8_indptr.numel() - 1
+        if tq3_indptr.numel() - 1 != batch or fp8_last_page_len.numel() != batch:
+            raise ValueError(f"fp8_indptr has {batch} requests, tq3_indptr {tq3_indptr.numel() - 1}")
+        for name, t in (("fp8_indptr", fp8_indptr), ("fp8_page_ids", fp8_page_ids), ("fp8_last_page_len", fp8_last_page_len),
+                        ("tq3_indptr", tq3_indptr), ("tq3_page_ids", tq3_page_ids)):
+            if t.device != self.device or t.dtype != torch.int32:
+                raise ValueError(f"plan_graph: {name} must be int32 on {self.device} (read in place), got {t.dtype} on {t.device}")
+        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config}
+        tq3_splits, fp8_splits = graph_splits(batch, self.num_kv_heads, max_pages, self.page_size, tq3_build, self.num_sms)
+        mixed_kernel = _built(self._mixed_kernels, fused_build_of(tq3_build, self.page_size), self._make_mixed())
+        path = DecodePath(fused=True, tilelang_fp8=False, tq3_splits=tq3_splits, fp8_splits=fp8_splits)
+        self._bind(
+            batch, path, tq3_build, None, None, None, mixed_kernel, True, True,
+            fp8_indptr, fp8_page_ids, fp8_last_page_len, tq3_indptr, tq3_page_ids,
+            buffers=self._graph_buffers.setdefault((batch, tq3_splits, fp8_splits), {}),
+        )
+
+    def _bind(
+        self, batch, path, tq3_build, fp8_build, fp8_kernel, tq3_kernel, mixed_kernel, has_fp8, has_tq3,
+        fp8_indptr, fp8_page_ids, fp8_last_page_len, tq3_indptr, tq3_page_ids, *, buffers: dict | None = None,
+    ) -> None:
+        """Make a validated plan the wrapper's: its kernels, page lists on the device and buffers
+        (new ones, or those of ``buffers``, a graph's, made on its first use)."""
         self._tq3_build, self._tq3_kernel = tq3_build, tq3_kernel
         self._fp8_build, self._fp8_kernel = fp8_build, fp8_kernel
         self._mixed_kernel = mixed_kernel
         self._batch = batch
         self._has_fp8, self._has_tq3 = has_fp8, has_tq3
-        dev = self.device
+        dev, hq, d = self.device, self.num_qo_heads, self.head_dim
+        kept = {} if buffers is None else buffers
+
+        def buffer(name: str, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            if name not in kept:
+                kept[name] = torch.empty(*shape, device=dev, dtype=dtype)
+            return kept[name]
+
         self.fp8_plan = None
-        if fp8_parts:
-            hq, d, splits = self.num_qo_heads, self.head_dim, fp8_splits
+        if path.fp8_parts:
+            splits = path.fp8_splits
             # a TileLang FP8 step of several pages reads up to pages_per_step - 1 ids past a split's last page
-            padding = fp8_build["pages_per_step"] - 1 if use_tilelang else 0
+            padding = fp8_build["pages_per_step"] - 1 if path.tilelang_fp8 else 0
+            ids = fp8_page_ids.to(dev, torch.int32)
             self.fp8_plan = FP8SplitPlan(
                 page_indptr=fp8_indptr.to(dev, torch.int32),
-                page_ids=torch.cat([fp8_page_ids.to(torch.int32), fp8_page_ids.new_zeros(padding, dtype=torch.int32)]).to(dev),
+                page_ids=torch.cat([ids, ids.new_zeros(padding)]) if padding else ids,
                 last_page_len=fp8_last_page_len.to(dev, torch.int32),
                 num_splits=splits,
-                out_partial=torch.empty(batch, hq, splits, d, device=dev, dtype=torch.float32),
-                lse_partial=torch.empty(batch, hq, splits, device=dev, dtype=torch.float32),
+                out_partial=buffer("fp8_out_partial", batch, hq, splits, d),
+                lse_partial=buffer("fp8_lse_partial", batch, hq, splits),
             )
-        elif self._has_fp8:
+        elif has_fp8:
             self._fp8.plan(
                 fp8_indptr.to(dev, torch.int32),
                 fp8_page_ids.to(dev, torch.int32),
@@ -277,24 +340,22 @@ class MinimaDecodeWrapper:
                 sm_scale=self.sm_scale,
             )
         self.tq3_plan = None
-        hq, d = self.num_qo_heads, self.head_dim
-        if self._has_tq3:
-            splits = tq3_splits
-            f32 = {"device": dev, "dtype": torch.float32}
+        if has_tq3:
+            splits = path.tq3_splits
             self.tq3_plan = TQ3Plan(
                 page_indptr=tq3_indptr.to(dev, torch.int32),
                 page_ids=tq3_page_ids.to(dev, torch.int32),
                 num_splits=splits,
-                out_partial=torch.empty(batch, hq, splits, d, **f32),
-                lse_partial=torch.empty(batch, hq, splits, **f32),
-                out=torch.empty(batch, hq, d, **f32),
-                lse=torch.empty(batch, hq, **f32),
-                q_rot=torch.empty(batch, hq, d, device=dev, dtype=torch.float16),
+                out_partial=buffer("tq3_out_partial", batch, hq, splits, d),
+                lse_partial=buffer("tq3_lse_partial", batch, hq, splits),
+                out=buffer("tq3_out", batch, hq, d),
+                lse=buffer("tq3_lse", batch, hq),
+                q_rot=buffer("q_rot", batch, hq, d, dtype=torch.float16),
             )
-        self._out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
-        self._lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
-        self._fp8_out = torch.empty(batch, hq, d, device=dev, dtype=self.q_dtype)
-        self._fp8_lse = torch.empty(batch, hq, device=dev, dtype=torch.float32)
+        self._out = buffer("out", batch, hq, d, dtype=self.q_dtype)
+        self._lse = buffer("lse", batch, hq)
+        self._fp8_out = buffer("fp8_out", batch, hq, d, dtype=self.q_dtype)
+        self._fp8_lse = buffer("fp8_lse", batch, hq)
 
     def _make_tq3(self):
         shape = (self.num_kv_heads, self.group_size, self.head_dim)

@@ -34,6 +34,12 @@ FUSED_FP8_CHUNK_WEIGHT = 1.0
 # Stale: 119.1 / 94.8 us against 67.4 / 73.9 us for head dims 256 / 128, docs/results/kernels.md)
 FUSED_MULTI_WAVE_MIN_PAGES = 16
 TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
+# A CUDA graph's fused decode fixes its split counts at capture, before any page list is known: its
+# FP8 role is sized for this many FP8 pages per request (the Recent tier, the sinks and a few Anchors
+# at the launcher's defaults), the TQ3 role for the rest of the longest context. Any page counts
+# decode right (each split takes its share of the request's pages from the lists at replay); only
+# the balance between the two roles rests on this figure.
+GRAPH_FP8_PAGES = 8
 
 
 def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
@@ -155,6 +161,24 @@ def fused_fits(
         return True
     tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, build, num_sms=num_sms)
     return max_tq3_pages >= FUSED_MULTI_WAVE_MIN_PAGES * tq3_splits
+
+
+def graph_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_pages: int,
+    page_size: int,
+    build: dict[str, int],
+    num_sms: int = NUM_SMS_H200,
+) -> tuple[int, int]:
+    """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
+    fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
+    model's). ``choose_mixed_splits`` for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8."""
+    fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
+    tq3, fp8 = choose_mixed_splits(
+        batch, num_kv_heads, max(1, max_pages - fp8_pages), max(1, fp8_pages), page_size, build, num_sms=num_sms
+    )
+    return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 
 def fused_build_of(tq3_build: dict[str, int], page_size: int) -> dict[str, int]:

@@ -100,10 +100,12 @@ def fused_kv_write_hook(original_fn, *args, **kwargs) -> bool:
 def scheduler_idle_hook(scheduler, *args, **kwargs):
     """BEFORE ``Scheduler.on_idle``: no batch to run, so no step will come to move the release
     quarantine on (an abort, a disconnect or an eviction freed pages between steps): free it now,
-    after a device sync (mem_cache/physical_pool.py)."""
+    after a device sync (mem_cache/physical_pool.py); and bring the last CUDA-graph steps' route
+    counts into the stats (mem_cache/device_routes.py)."""
     cache = getattr(scheduler, "tree_cache", None)
     if isinstance(cache, MinimaRadixCache):
         cache.store.drain_quarantine()
+        cache.store.device_routes.fold(cache.store.stats, wait=True)  # the last CUDA-graph steps' routes
 
 
 def minima_radix_cache_factory(ctx):

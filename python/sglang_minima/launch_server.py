@@ -100,8 +100,9 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
     _check_kernel_backend(config, sglang_argv, on_cpu)
-    _check_no_graphs(sglang_argv)
-    sglang_argv += _default_flags(sglang_argv, on_cpu, _default_backend(config, on_cpu))
+    decode_backend = _attention_backend(sglang_argv, config, on_cpu)
+    _check_graphs(sglang_argv, decode_backend)
+    sglang_argv += _default_flags(sglang_argv, on_cpu, _default_backend(config, on_cpu), decode_backend)
     set_active_config(config)
     return config, sglang_argv
 
@@ -193,18 +194,33 @@ def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -
             raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
 
 
-def _check_no_graphs(argv: list[str]) -> None:
-    """CUDA graphs asked for: Minima's backends plan every step on the host (not capturable yet)."""
+def _attention_backend(argv: list[str], config: MinimaConfig, on_cpu: bool) -> str:
+    """The backend decode batches run on: the one given, else the default."""
+    return (
+        _flag_value(argv, "--decode-attention-backend")
+        or _flag_value(argv, "--attention-backend")
+        or _default_backend(config, on_cpu)
+    )
+
+
+def _check_graphs(argv: list[str], backend: str) -> None:
+    """CUDA graphs asked for where Minima cannot be captured: extend batches (both backends plan
+    them on the host), and decode batches on ``minima_native`` (host page lists per step). The
+    ``minima`` backend's decode is captured whole (``--cuda-graph-backend-decode full``)."""
     for flag in ("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"):
         value = _flag_value(argv, flag)
-        if value not in (None, "disabled"):
-            raise LaunchError(
-                f"{flag} {value}: Minima's attention backends plan every step on the host and cannot be "
-                "captured in a CUDA graph yet; leave the flag out (the launcher disables graphs) or pass disabled"
-            )
+        if value in (None, "disabled") or (flag.endswith("decode") and backend == MINIMA_BACKEND and value == "full"):
+            continue
+        if flag.endswith("prefill"):
+            why = "Minima plans extend and prefill batches on the host, which a CUDA graph cannot capture"
+        elif backend == MINIMA_BACKEND:
+            why = f"the {MINIMA_BACKEND} backend's decode is captured whole: use full"
+        else:
+            why = f"{backend} plans every decode step on the host; --attention-backend {MINIMA_BACKEND} captures decode"
+        raise LaunchError(f"{flag} {value}: {why} (leave the flag out for the launcher's choice, or pass disabled)")
 
 
-def _default_flags(argv: list[str], on_cpu: bool, backend: str) -> list[str]:
+def _default_flags(argv: list[str], on_cpu: bool, backend: str, decode_backend: str) -> list[str]:
     defaults: list[tuple[tuple[str, ...], list[str]]] = [
         (("--attention-backend",), ["--attention-backend", backend]),
         (("--radix-cache-backend",), ["--radix-cache-backend", "minima"]),
@@ -212,12 +228,12 @@ def _default_flags(argv: list[str], on_cpu: bool, backend: str) -> list[str]:
     ]
     if on_cpu:
         defaults.append((("--max-total-tokens",), ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]))
-    if on_cpu or _flag_value(argv, "--attention-backend") in (None, *MINIMA_ATTENTION_BACKENDS):
-        # No graphs on CPU; both Minima backends plan every step with host syncs (not capturable yet).
-        defaults += [
-            (("--cuda-graph-backend-decode", "--disable-cuda-graph"), ["--cuda-graph-backend-decode", "disabled"]),
-            (("--cuda-graph-backend-prefill", "--disable-cuda-graph"), ["--cuda-graph-backend-prefill", "disabled"]),
-        ]
+    graphs_off = ("--disable-cuda-graph",)
+    # Extend batches are planned on the host: no prefill graphs. Decode graphs where the decode
+    # backend captures them (``minima`` on CUDA: SGLang's default, full graphs), else none.
+    defaults.append((("--cuda-graph-backend-prefill", *graphs_off), ["--cuda-graph-backend-prefill", "disabled"]))
+    if on_cpu or decode_backend != MINIMA_BACKEND:
+        defaults.append((("--cuda-graph-backend-decode", *graphs_off), ["--cuda-graph-backend-decode", "disabled"]))
     return [arg for names, flag in defaults if _flag_value(argv, *names) is None for arg in flag]
 
 

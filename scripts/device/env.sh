@@ -10,6 +10,10 @@ export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 # flashinfer JIT-compiles its kernels into $FLASHINFER_WORKSPACE_BASE/.cache: keep them on /tmp, where a
 # warm machine keeps them from one call to the next (the `tests` phase warms them for `serve`).
 export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-home
+# TileLang's disk cache: importing sglang points it at ~/.cache/sglang/tilelang unless set, and
+# warm_kernels.py (no sglang import) would fill ~/.tilelang/cache: one directory for both, so the
+# servers load what the warm-up built instead of compiling it again (~16 s of nvcc per server).
+export TILELANG_CACHE_DIR=/tmp/tilelang-cache
 # The bundle's wheelhouse (the default model, RULER's generator): pip takes those from there only.
 export SGLANG_MINIMA_WHEELHOUSE=/tmp/minima-bundle/wheelhouse
 export SGLANG_MINIMA_CACHE=/tmp/minima-cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1

@@ -26,7 +26,7 @@ tests)
   fi
   PYTEST=(python3 -m pytest -p no:cacheprovider -o addopts="-ra")
   # one worker per test file (pytest-xdist is in the image): the files' servers start side by side
-  has e2e && timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -v -n 5 --dist loadfile \
+  has e2e && timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -v -n "$(ls test/e2e/test_*.py | wc -l)" --dist loadfile \
     --junitxml "$WORK/junit_e2e.xml" > "$WORK/e2e.log" 2>&1 &
   has unit && timeout -s INT "$budget" "${PYTEST[@]}" -m "gpu and not e2e" test --ignore=test/gpu -v \
     --junitxml "$WORK/junit_unit.xml" > "$WORK/unit.log" 2>&1 &

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from sglang_minima.layers.attention.forward_plan import plan_forward
 from sglang_minima.layers.attention.plan import plan_batch
-from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.mem_cache.device_routes import DeviceRouteCounter
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
+from sglang_minima.mem_cache.stats import MinimaStats
 
 PS = 4
 NUM_LOGICAL = 40
@@ -121,3 +123,30 @@ def test_no_host_sync_on_cuda():
     torch.cuda.synchronize()
     cpu = plan_forward(req_to_token.cpu(), *(a.cpu() for a in args), fmt.cpu(), phys.cpu(), PS, max_pages=8)
     assert torch.equal(plan.tq3.pages.cpu(), cpu.tq3.pages) and torch.equal(plan.hot.indptr.cpu(), cpu.hot.indptr)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches())
+def test_device_route_counts_are_the_host_counts_of_the_real_rows(case):
+    """What a captured step adds on the device (mem_cache/device_routes.py) is what an eager step
+    counts on the host (TieredPageStore.note_read) for the same requests, padding rows left out."""
+    req_to_token, rows, kv_lens, q_lens, fmt, phys = case
+    plan = plan_forward(req_to_token, torch.tensor(rows), torch.tensor(kv_lens), torch.ones(len(rows)),
+                        fmt, phys, PS, max_pages=8)
+    real = torch.tensor(rows) != 0
+    table = PageTable(NUM_LOGICAL, PS, torch.device("cpu"))
+    table.fmt.copy_(fmt)
+    table.phys.copy_(phys)
+    counter, stats = DeviceRouteCounter(torch.device("cpu")), MinimaStats()
+    counter.count(table, plan.logical_pages, plan.token_counts(real), real)
+    counter.mark_step()
+    counter.fold(stats, wait=True)
+    keep = [i for i, r in enumerate(rows) if r != 0]
+    want = plan_batch(req_to_token, [rows[i] for i in keep], [kv_lens[i] for i in keep], [1] * len(keep), fmt, phys, PS)
+    pages = want.logical_pages
+    read = fmt[pages[phys[pages] != 0]] if keep else torch.zeros(0, dtype=torch.int8)
+    expected = [int((read == FMT_HOT).sum()), want.counts.hot_tokens, int((read == FMT_TQ3).sum()), want.counts.tq3_tokens]
+    got = [stats.route_hot_pages, stats.route_hot_tokens, stats.route_tq3_pages, stats.route_tq3_tokens]
+    assert got == expected
+    counter.fold(stats, wait=True)  # nothing new: nothing added twice
+    assert [stats.route_hot_pages, stats.route_hot_tokens, stats.route_tq3_pages, stats.route_tq3_tokens] == expected

@@ -3,6 +3,8 @@ pool state: the real MinimaKVPool + allocator on CUDA, FP8 and TQ3 pages mixed, 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -63,3 +65,77 @@ def test_a_step_the_kernels_refuse_is_attended_by_the_torch_path_and_counted(mon
             got = kernels.forward(q, k, v, layer, fb, save_kv_cache=False)
             torch.testing.assert_close(got, want)  # the torch path itself: the same op, the same bits
         assert h.pool.stats.fallbacks == step + 1  # once per step, not per layer
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypatch):
+    """SGLang's decode-graph protocol (init_cuda_graph_state; per batch size out_graph with
+    in_capture, an eager warm-up, the capture of in_graph + every layer; per step out_graph and
+    replay) over static batch buffers with a padding row: each replay matches minima_native's eager
+    step on the same pool state, while new pages are allocated and others converted to TQ3 between
+    replays, and is bit-equal to the same captured body run eagerly. The route counts summed in the
+    graph are the eager host counts, padding row left out."""
+    from test_minima_native_backend import HQ, D
+
+    h = Harness.real(monkeypatch, device="cuda")
+    kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
+    bs, dev = 4, h.device
+    kernels.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs)
+    h.step({1: 3 * PS + 1, 2: 5 * PS + 2, 3: PS - 3}, ForwardMode.EXTEND)
+    h.retier_prefix(2, 2)
+    static = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE, batch_size=bs, encoder_lens=None,
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=dev),  # row 0: SGLang's padding row
+        seq_lens=torch.ones(bs, dtype=torch.int64, device=dev),  # get_cuda_graph_seq_len_fill_value
+        out_cache_loc=torch.zeros(bs, dtype=torch.int64, device=dev),
+    )
+    q_in = torch.zeros(len(h.layers), bs, HQ * D, device=dev)
+    outs: list[torch.Tensor] = []
+
+    def body() -> list[torch.Tensor]:  # what the graph runner records
+        kernels.init_forward_metadata_in_graph(static)
+        return [kernels.forward(q_in[i], None, None, layer, static, save_kv_cache=False) for i, layer in enumerate(h.layers)]
+
+    graph = torch.cuda.CUDAGraph()
+    expected = torch.zeros(4, dtype=torch.int64)
+    real = 3
+    for step in range(4):
+        fb = h.batch({1: 1, 2: 1, 3: 1}, ForwardMode.DECODE)
+        h.backend.init_forward_metadata(fb)  # the reference, eager: it writes each layer's new K/V
+        qs, want = [], []
+        for layer in h.layers:
+            q, k, v = h.qkv(real)
+            qs.append(q)
+            want.append(h.backend.forward(q, k, v, layer, fb))
+        c = h.backend.forward_metadata.counts
+        step_counts = torch.tensor([c.hot_pages, c.hot_tokens, c.tq3_pages, c.tq3_tokens])
+        static.req_pool_indices.zero_()
+        static.seq_lens.fill_(1)
+        static.req_pool_indices[:real] = fb.req_pool_indices
+        static.seq_lens[:real] = fb.seq_lens
+        q_in.zero_()
+        for i, q in enumerate(qs):
+            q_in[i, :real] = q
+        if step == 0:
+            kernels.init_forward_metadata_out_graph(static, in_capture=True)
+            body()  # the runner's eager warm-up: builds the kernels, binds the buffers
+            expected += step_counts
+            with torch.cuda.graph(graph):
+                outs = body()
+        kernels.init_forward_metadata_out_graph(static)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [o[:real].clone() for o in outs]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=2e-2, rtol=2e-2)  # bf16 queries and outputs
+        eager = body()  # the same body, not captured: the same kernels, splits and bits
+        for g, e in zip(got, eager):
+            assert torch.equal(g, e[:real])
+        expected += 2 * step_counts
+        if step == 1:
+            h.retier_prefix(1, 2, skip_first=1)  # row 1's sink stays FP8; two pages go Stale
+        if step == 2:
+            h.retier(h.pages_of(2)[2:4])
+    h.pool.store.device_routes.fold(h.pool.stats, wait=True)
+    assert h.pool.store.device_routes.totals.cpu().tolist() == expected.tolist()
+    assert int(expected[2]) > 0 and h.pool.stats.fallbacks == 0

@@ -134,3 +134,21 @@ def test_forced_paths_and_overrides() -> None:
         _path("flashinfer", num_splits=2000)
     with pytest.raises(ValueError, match="fp8_kernel='fast'"):
         _path("fast")
+
+
+@pytest.mark.parametrize(
+    "batch,kv_heads,max_pages,head_dim,splits",
+    [
+        (1, 8, 2048, 128, (32, 1)),  # Llama-3-8B-class at 128K: one wave of 2 x 132 / 8 slots, FP8 sized for 8 pages
+        (8, 3, 128, 64, (21, 1)),  # SmolLM2 at its 8K context, batch 8: 22 slots per (request, kv head)
+        (16, 4, 4, 256, (1, 1)),  # a context of 4 pages: at least 2 chunks per warp, one split each
+    ],
+)
+def test_graph_splits_come_from_the_batch_and_the_longest_context(batch, kv_heads, max_pages, head_dim, splits) -> None:
+    from minima_kernels.heuristics import GRAPH_FP8_PAGES, choose_mixed_splits, graph_splits, tile_config
+
+    build = tile_config(0, 64, head_dim, batch)
+    got = graph_splits(batch, kv_heads, max_pages, 64, build)
+    assert got == splits
+    fp8 = min(GRAPH_FP8_PAGES, max_pages)  # choose_mixed_splits for requests of the whole context
+    assert got == choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build)

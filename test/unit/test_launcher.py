@@ -34,20 +34,23 @@ def test_defaults_select_minima_on_cpu(monkeypatch, tmp_path):
     assert not any(a.startswith("--minima-") for a in argv)
 
 
-def test_defaults_on_gpu_serve_the_kernels_without_graphs(monkeypatch, tmp_path):
+def test_defaults_on_gpu_serve_the_kernels_with_decode_graphs(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path)])
     flags = dict(zip(argv[::2], argv[1::2]))
     assert "--device" not in flags and "--max-total-tokens" not in flags
     assert flags["--attention-backend"] == "minima"
-    assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
+    # decode graphs: SGLang's default (full); extend batches are planned on the host
+    assert "--cuda-graph-backend-decode" not in flags and flags["--cuda-graph-backend-prefill"] == "disabled"
 
 
 @pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"]])
 def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path), *minima_flags])
-    assert dict(zip(argv[::2], argv[1::2]))["--attention-backend"] == "minima_native"
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--attention-backend"] == "minima_native"
+    assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
     with pytest.raises(LaunchError) as e:  # asked for explicitly: refused, naming the flags
         launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima", *minima_flags])
     assert minima_flags[0] in e.value.message and "--attention-backend minima" in e.value.message
@@ -61,11 +64,16 @@ def test_kernel_backend_is_refused_on_cpu(monkeypatch, tmp_path):
     assert "--decode-attention-backend minima runs the GPU kernels" in e.value.message
 
 
-def test_kernel_backend_on_gpu_runs_without_graphs(monkeypatch, tmp_path):
+def test_kernel_backend_on_gpu_captures_decode_only(monkeypatch, tmp_path):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima"])
     flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["--attention-backend"] == "minima"
+    assert "--cuda-graph-backend-decode" not in flags and flags["--cuda-graph-backend-prefill"] == "disabled"
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--cuda-graph-backend-decode", "full"])
+    assert argv.count("--cuda-graph-backend-decode") == 1  # the user's, accepted
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima_native"])
+    flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
     check_supported(_args(attention_backend="minima", decode_attention_backend="minima"))  # accepted
 
@@ -129,10 +137,16 @@ def test_help_lists_minima_and_sglang_flags(monkeypatch, capsys):
     assert "--model-path" in out.split("SGLang flags:")[1] and "--page-size" in out
 
 
-@pytest.mark.parametrize("flag", ["--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"])
-def test_cuda_graphs_asked_for_are_refused_naming_the_flag(monkeypatch, tmp_path, flag):
+@pytest.mark.parametrize("other, flag, value", [
+    ([], "--cuda-graph-backend-prefill", "full"),
+    ([], "--cuda-graph-backend-prefill", "breakable"),
+    ([], "--cuda-graph-backend-decode", "breakable"),
+    (["--attention-backend", "minima_native"], "--cuda-graph-backend-decode", "full"),
+    (["--minima-hot-dtype", "auto"], "--cuda-graph-backend-decode", "full"),  # picks minima_native
+])
+def test_cuda_graphs_minima_cannot_capture_are_refused_naming_the_flag(monkeypatch, tmp_path, other, flag, value):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     with pytest.raises(LaunchError) as e:
-        launch_server.prepare(["--model-path", str(tmp_path), f"{flag}=full"])
-    assert f"{flag} full" in e.value.message and "CUDA graph" in e.value.message
-    launch_server.prepare(["--model-path", str(tmp_path), flag, "disabled"])  # accepted
+        launch_server.prepare(["--model-path", str(tmp_path), *other, f"{flag}={value}"])
+    assert e.value.message.startswith(f"{flag} {value}:") and "disabled" in e.value.message
+    launch_server.prepare(["--model-path", str(tmp_path), *other, flag, "disabled"])  # accepted

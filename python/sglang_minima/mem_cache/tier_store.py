@@ -26,6 +26,7 @@ from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageL
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.device_routes import DeviceRouteCounter
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
 from sglang_minima.mem_cache.stats import ConversionStats, MinimaStats
@@ -123,6 +124,7 @@ class TieredPageStore:
         self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3")
         self.epoch = 0  # scheduler steps ended (end_step)
         self.stats = MinimaStats()
+        self.device_routes = DeviceRouteCounter(self.device)  # what CUDA-graph steps read (counted in the graph)
         rows = (shape.num_hot_pages + 1) * shape.page_size
         hot = shape.hot_store_dtype
         self.hot_k = [self._zeros((rows, shape.num_kv_heads, shape.head_dim), hot) for _ in range(shape.num_layers)]

@@ -92,6 +92,7 @@ class MinimaMetrics:
 
     def report(self, store: TieredPageStore) -> None:
         """Update every metric from the store (the radix cache calls this after each step)."""
+        store.device_routes.fold(store.stats)  # CUDA-graph steps' routes, without a sync
         self.update(memory_report(store), store.stats)
 
     def update(self, report: MemoryReport, stats: MinimaStats) -> None:

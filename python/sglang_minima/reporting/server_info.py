@@ -15,6 +15,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
     if not isinstance(allocator, MinimaPagedAllocator):
         return {"active": False}
     store = allocator.kv_pool.store
+    store.device_routes.fold(store.stats, wait=True)  # every CUDA-graph step's routes, exactly
     shape = store.shape
     return {
         "active": True,

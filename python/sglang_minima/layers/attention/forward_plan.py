@@ -83,11 +83,15 @@ class ForwardPlan:
         (a data-dependent shape: a host sync, for the route counters, not for a captured graph)."""
         return self.logical_pages[_live_pages(self.kv_lens, self.page_size, self.max_pages)[1]]
 
-    def token_counts(self) -> torch.Tensor:
-        """int64 [2]: tokens attended in hot pages and in TQ3 pages, summed over the batch."""
+    def token_counts(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """int64 [2]: tokens attended in hot pages and in TQ3 pages, summed over the batch (over the
+        requests where the bool [batch] ``rows`` is set: a graph batch's real ones)."""
         short = (self.page_size - self.last_page_len).to(torch.int64)  # the last page's empty slots
-        tq3 = self.tq3.counts.sum().to(torch.int64) * self.page_size - torch.where(self.last_page_hot, 0, short).sum()
-        return torch.stack([self.kv_lens.sum().to(torch.int64) - tq3, tq3])
+        tq3 = self.tq3.counts.to(torch.int64) * self.page_size - torch.where(self.last_page_hot, 0, short)
+        hot = self.kv_lens.to(torch.int64) - tq3
+        if rows is not None:
+            hot, tq3 = hot * rows, tq3 * rows
+        return torch.stack([hot.sum(), tq3.sum()])
 
 
 def plan_forward(

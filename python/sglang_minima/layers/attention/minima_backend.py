@@ -6,13 +6,21 @@ reads too; only the op differs), then one launch sequence per layer over the poo
 and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill and mixed batches take
 ``minima_native``'s torch path (the FlashInfer prefill over a mixed prefix is issue #16's next step).
 
-This first form is eager: the wrapper sizes its buffers from the step's page counts (a host sync per
-step), so servers run without CUDA graphs. Every kernel a plan may pick is built when the wrapper is
-made (``MinimaDecodeWrapper.compile``), at the first decode of SGLang's start-up warm-up. A decode step the kernels cannot serve (head dims that
-are not a power of two, GQA groups or page sizes they were not built for) is attended by the torch
-path and counted as a fallback (``sglang:minima_fallbacks_total``). Scratch is measured on the torch
-path only: the kernels decode in registers and shared memory, but the buffers the wrapper sizes per
-plan are not counted in ``sglang:minima_peak_scratch_bytes`` yet.
+Eager steps plan on the host (``MinimaDecodeWrapper.plan``: the page counts pick the fastest path,
+a host sync per step). Decode batches up to SGLang's ``--cuda-graph-max-bs`` run as CUDA graphs
+(``--cuda-graph-backend-decode full``, the launcher's default here): ``init_forward_metadata_in_graph``
+writes the forward plan inside the graph, over the model's whole context (fixed shapes), at every
+replay from the live page table, and the first layer binds it with ``plan_graph`` (the fused decode,
+split counts from the batch size, buffers kept per batch size): nothing is read back, so a replay
+serves whatever the page table holds then: pages converted between replays, new pages, padding
+rows. Its route counters are summed on the device (mem_cache/device_routes.py). Every kernel a plan
+may pick is built when the wrapper is made (``MinimaDecodeWrapper.compile``), at the first decode
+of SGLang's start-up warm-up. An eager decode step the kernels cannot serve (head dims that are not
+a power of two, GQA groups or page sizes they were not built for) is attended by the torch path and
+counted as a fallback (``sglang:minima_fallbacks_total``); such a model cannot be captured, and its
+capture stops the server naming the flag. Scratch is measured on the torch path only: the kernels
+decode in registers and shared memory, but the wrapper's split buffers are not counted in
+``sglang:minima_peak_scratch_bytes`` yet.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_minima.layers.attention.minima_native_backend import MinimaNativeAttnBackend
+from sglang_minima.layers.attention.forward_plan import plan_forward
+from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -57,8 +66,47 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         super().init_forward_metadata(forward_batch)
         self._planned = None  # planned at this step's first layer, once its shapes are known
 
+    # ------------------------------------------------------------------ CUDA graphs (decode)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        # a graph's plan covers the longest context SGLang admits (req_to_token's width), in pages
+        self._graph_max_pages = -(-self.req_to_token_pool.req_to_token.shape[1] // self.token_to_kv_pool.page_size)
+        self._graph_plans: dict[int, BatchedDecode] = {}  # the plans captured graphs read (kept alive)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1  # a padding row reads one token of page 0 (forward_plan.py)
+
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch, in_capture: bool = False) -> None:
+        """Host side of a captured step (before capture and before every replay): nothing to plan
+        here, the plan is written inside the graph; its device route counts are new."""
+        if not forward_batch.forward_mode.is_decode():
+            raise NotImplementedError(
+                f"--attention-backend minima captures decode batches only, got {forward_batch.forward_mode.name}"
+            )
+        self.token_to_kv_pool.note_graph_step()
+
+    def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
+        """The forward plan, recorded in the graph: fixed shapes over the model's whole context,
+        read from the live page table at every replay."""
+        with torch.profiler.record_function("minima.plan"):
+            pool = self.token_to_kv_pool
+            seq_lens = forward_batch.seq_lens
+            plan = plan_forward(
+                self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, seq_lens,
+                torch.ones_like(seq_lens), pool.page_table.fmt, pool.page_table.phys, pool.page_size,
+                self._graph_max_pages,
+            )
+            rows = forward_batch.req_pool_indices != 0  # req_to_token row 0: SGLang's padding rows
+            pool.note_read_in_graph(plan.logical_pages, plan.token_counts(rows), rows)
+        self.forward_metadata = BatchedDecode(plan, None, None)
+        self._planned = None  # bound to the wrapper at the first layer (each warm-up and the capture)
+        if torch.cuda.is_current_stream_capturing():
+            self._graph_plans[plan.batch_size] = self.forward_metadata
+
     def _decode_batch(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
         wrapper = self._wrapper_for(q, layer)
+        if self.forward_metadata.in_graph:
+            return self._decode_in_graph(wrapper, q, layer)
         if wrapper is not None and self._planned is None:
             plan = self.forward_metadata.plan
             try:
@@ -72,6 +120,25 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             if layer.layer_id == self._last_layer_id:
                 self.token_to_kv_pool.note_fallback()  # once per step: the torch path attended this batch
             return super()._decode_batch(q, layer)
+        return self._run_kernels(wrapper, q, layer)
+
+    def _decode_in_graph(self, wrapper, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
+        """A captured step's layer: the plan written in the graph, bound once per step (no host read)."""
+        if wrapper is None:
+            raise NotImplementedError(
+                "--cuda-graph-backend-decode full: the minima kernels do not build for this model's attention "
+                "(see the warning above); serve it with --cuda-graph-backend-decode disabled"
+            )
+        if self._planned is None:
+            plan = self.forward_metadata.plan
+            wrapper.plan_graph(
+                plan.hot.indptr, plan.hot.pages, plan.hot_last_page_len, plan.tq3.indptr, plan.tq3.pages,
+                max_pages=plan.max_pages,
+            )
+            self._planned = True
+        return self._run_kernels(wrapper, q, layer)
+
+    def _run_kernels(self, wrapper, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
         pool, lid = self.token_to_kv_pool, self._pool_layer(layer)
         h, d, ps = pool.head_num, pool.head_dim, pool.page_size
         k = pool.hot_k_buffer(lid).view(torch.float8_e4m3fn).view(-1, ps, h, d)

@@ -56,12 +56,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BatchedDecode:
-    """A decode step planned for the whole batch: the plan, and what the pool is told it reads."""
+    """A decode step planned for the whole batch: the plan, and what the pool is told it reads
+    (None in a CUDA graph, whose plan is written at each replay and counted on the device)."""
 
     plan: ForwardPlan
-    logical_pages: torch.Tensor
+    logical_pages: torch.Tensor | None
     """int64: the logical pages each request reads, concatenated in batch and position order."""
-    counts: RouteCounts
+    counts: RouteCounts | None
+
+    @property
+    def in_graph(self) -> bool:
+        return self.counts is None
 
 
 class MinimaNativeAttnBackend(AttentionBackend):
