@@ -3,6 +3,7 @@
 # $OUT/<phase>/: summary.md (every test with its outcome and time), summary.json, logs.tar.gz.
 #   bash scripts/device/run_suite.sh tests [BUDGET_S=540]   # GPU unit tests, kernel tests, device e2e
 #     ATTENTION=minima (env): the e2e servers on that attention backend (default: the launcher's)
+#     E2E_ARGS (env): more flags for the e2e servers
 #   bash scripts/device/run_suite.sh serve [BUDGET_S]       # serving arms (ARMS=minima,sglang-fp8) in turn
 #   bash scripts/device/run_suite.sh greedy [BUDGET_S]      # diagnostic arms side by side: greedy agreement
 # `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
@@ -24,6 +25,8 @@ tests)
     # the serving geometries' decode kernels, before the servers start (each would build its own)
     [ "$ATTENTION" = minima ] && python3 scripts/device/warm_kernels.py --serving > "$WORK/warm-serving.log" 2>&1
   fi
+  # E2E_ARGS (env): more flags for the e2e suite's servers, e.g. "--cuda-graph-backend-decode disabled"
+  [ -n "${E2E_ARGS:-}" ] && export MINIMA_E2E_SERVER_ARGS="$MINIMA_E2E_SERVER_ARGS $E2E_ARGS"
   PYTEST=(python3 -m pytest -p no:cacheprovider -o addopts="-ra")
   # one worker per test file (pytest-xdist is in the image): the files' servers start side by side
   has e2e && timeout -s INT "$budget" "${PYTEST[@]}" -m e2e test/e2e --timeout 900 -v -n "$(ls test/e2e/test_*.py | wc -l)" --dist loadfile \
