@@ -32,16 +32,16 @@ class MinimaConfig:
     """Minima-KV settings. Each field is the flag ``--minima-<field-with-dashes>``."""
 
     recent_pages: int = _option(
-        4, "Last pages of each request kept FP8 (Recent tier)."
+        4, "Last pages of each request kept hot: FP8, or the model dtype with --minima-hot-dtype auto (Recent tier)."
     )
     sink_pages: int = _option(
-        1, "First pages of each sequence kept FP8 (Anchor tier, attention sinks)."
+        1, "First pages of each sequence kept hot (Anchor tier, attention sinks)."
     )
     anchor_pages: int = _option(
         0, "Extra Anchor budget per request, filled by score (age, structure, attention score)."
     )
     fp8_page_fraction: float = _option(
-        0.25, "Fraction of the logical pages that can be backed by FP8 pages; the rest are TQ3 pages."
+        0.25, "Fraction of the logical pages that can be backed by hot pages (FP8, or the model dtype); the rest are TQ3 pages."
     )
     hot_dtype: str = _option(
         "fp8_e4m3", "Storage of Recent/Anchor pages: fp8_e4m3, or auto (the model dtype: SGLang's own path)."
@@ -51,8 +51,8 @@ class MinimaConfig:
     )
     defer_prefill_conversion: bool = _option(
         False,
-        "Keep a request's own pages FP8 until its prefill has ended, so later prefill chunks never read "
-        "its prompt's TQ3 pages; they are still converted when an allocation finds no free FP8 page.",
+        "Keep a request's own pages hot until its prefill has ended, so later prefill chunks never read "
+        "its prompt's TQ3 pages; they are still converted when an allocation finds no free hot page.",
     )
     retier_batch_pages: int = _option(
         64, "Most pages converted (or promoted) in one batched conversion between steps."

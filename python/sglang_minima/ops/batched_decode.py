@@ -61,7 +61,7 @@ def _segment_attend(
     return out.view(b, hq, dv), (m + torch.log2(denom)).view(b, hq)
 
 
-def _tiles(pages: PageList, tile_pages: int) -> Iterator[tuple[torch.Tensor, slice]]:
+def page_tiles(pages: PageList, tile_pages: int) -> Iterator[tuple[torch.Tensor, slice]]:
     """(request of each entry, entries) per tile of the live CSR entries."""
     live = int(pages.indptr[-1])
     entries = torch.arange(live, device=pages.indptr.device)
@@ -70,7 +70,7 @@ def _tiles(pages: PageList, tile_pages: int) -> Iterator[tuple[torch.Tensor, sli
         yield req[start : start + tile_pages], slice(start, min(start + tile_pages, live))
 
 
-def _token_visibility(page_index: torch.Tensor, req: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+def token_visibility(page_index: torch.Tensor, req: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
     """bool [n, page_size]: the tokens of these pages that lie before their request's end."""
     offs = torch.arange(page_size, device=page_index.device)
     pos = page_index.to(torch.int64).view(-1, 1) * page_size + offs
@@ -97,10 +97,10 @@ def hot_batch_decode(
     h = k_buffer.shape[1]
     k_pages = k_buffer.view(-1, ps, h, k_buffer.shape[-1])
     v_pages = v_buffer.view(-1, ps, h, v_buffer.shape[-1])
-    for req, span in _tiles(hot, tile_pages):
+    for req, span in page_tiles(hot, tile_pages):
         ids = hot.pages[span].to(torch.int64)
         k, v = dequantize_hot(k_pages[ids], k_scale), dequantize_hot(v_pages[ids], v_scale)
-        visible = _token_visibility(hot.page_index[span], req, kv_lens, ps)
+        visible = token_visibility(hot.page_index[span], req, kv_lens, ps)
         note_scratch(k, v, visible)
         tile = _segment_attend(q, req, k, v, visible, sm_scale)
         out, lse = merge_attention_states(out, lse, *tile)
@@ -122,9 +122,9 @@ def tq3_batch_decode(
     d, ps = layout.head_dim, layout.page_size
     out = torch.zeros(q_rot.shape[0], q_rot.shape[1], d, dtype=torch.float32, device=q_rot.device)
     lse = torch.full(q_rot.shape[:2], float("-inf"), dtype=torch.float32, device=q_rot.device)
-    for req, span in _tiles(tq3, tile_pages):
+    for req, span in page_tiles(tq3, tile_pages):
         k, v = decode_pages(buffer[tq3.pages[span].to(torch.int64)], layout, codebook)  # [n, H, P, D]
-        visible = _token_visibility(tq3.page_index[span], req, kv_lens, ps)
+        visible = token_visibility(tq3.page_index[span], req, kv_lens, ps)
         note_scratch(k, v, visible)
         tile = _segment_attend(q_rot, req, k.transpose(1, 2), v.transpose(1, 2), visible, sm_scale)
         out, lse = merge_attention_states(out, lse, *tile)

@@ -34,7 +34,7 @@ from ..codec.fp8 import Scale, fp8_dequantize
 from ..codec.layout import NUM_CODES, VALUE, TQ3PageLayout
 from ..codec.packing import code_ints, key_pair_fields
 from ..codec.rotation import LayerRotation
-from .batched_decode import PageList, _tiles, _token_visibility
+from .batched_decode import PageList, page_tiles, token_visibility
 from .dense import LOG2E
 from .merge import merge_attention_states
 from .scratch import note as note_scratch
@@ -81,12 +81,12 @@ def _scaled(x: torch.Tensor, scale: Scale) -> torch.Tensor:
 
 
 def _visibility(page_index: torch.Tensor, req: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
-    """``_token_visibility``, or None when every token of these pages lies before its request's end
+    """``token_visibility``, or None when every token of these pages lies before its request's end
     (always for TQ3 pages, which are full): no mask to apply."""
     ends = kv_lens.to(torch.int64).index_select(0, req)
     if bool(((page_index.to(torch.int64) + 1) * page_size <= ends).all()):
         return None
-    return _token_visibility(page_index, req, kv_lens, page_size)
+    return token_visibility(page_index, req, kv_lens, page_size)
 
 
 def _segment_softmax(
@@ -141,7 +141,7 @@ def lut_hot_batch_decode(
     g = hq // h
     qs = _scaled(q.to(torch.float32).view(b, h, g, d) * (sm_scale * LOG2E), k_scale)
     out, lse = _empty(b, hq, dv, q.device)
-    for req, span in _tiles(hot, tile_pages):
+    for req, span in page_tiles(hot, tile_pages):
         ids = hot.pages[span].to(torch.int64)
         k = _hot_pages(k_buffer, ids, page_size)
         s = torch.matmul(qs.index_select(0, req), k.transpose(-1, -2))
@@ -176,7 +176,7 @@ def lut_tq3_batch_decode(
     code_words, meta = layout.code_bytes // _WORD_BYTES, h * ps
     k0, v0 = layout.k_codes_offset // _WORD_BYTES, layout.v_codes_offset // _WORD_BYTES
     out, lse = _empty(b, hq, d, dev)
-    for req, span in _tiles(tq3, tile_pages):
+    for req, span in page_tiles(tq3, tile_pages):
         n = span.stop - span.start
         pw = words.index_select(0, tq3.pages[span].to(torch.int64))  # [n, page_words]
         fp16 = pw.view(torch.float16)
