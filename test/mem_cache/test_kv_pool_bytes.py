@@ -44,3 +44,23 @@ def test_fp8_hot_rows_are_sglangs_fp8_bytes(monkeypatch, device):
         assert not torch.equal(hot, loc)  # logical and hot physical slots differ: the test reads the mapping
         assert torch.equal(pool.hot_k_buffer(layer_id)[hot].cpu(), sglang.k_buffer[layer_id][loc].cpu())
         assert torch.equal(pool.hot_v_buffer(layer_id)[hot].cpu(), sglang.v_buffer[layer_id][loc].cpu())
+
+
+def test_a_page_seals_only_after_the_last_layer_of_its_tokens_is_written(monkeypatch):
+    """Between steps a conversion encodes every layer of a sealed page. Under the overlap scheduler
+    the next batch is already running then, so a page must not read as sealed while that batch has
+    written only its first layers: the pool records the writes after the last layer's."""
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.5).to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    layers = 3
+    pool = MinimaKVPool(PAGES * PS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
+                        layer_num=layers, device="cpu", enable_memory_saver=False)
+    allocator = MinimaPagedAllocator(PAGES * PS, PS, torch.bfloat16, "cpu", pool, False)
+    loc = allocator.alloc(2 * PS)
+    pages = torch.unique(loc // PS)
+    k = torch.randn(2 * PS, H, D).to(torch.bfloat16)
+    for layer_id in range(layers):
+        assert not bool(pool.page_table.sealed[pages].any()), f"sealed after {layer_id} of {layers} layers"
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
+    assert bool(pool.page_table.sealed[pages].all())
+    assert pool.store.retier(pages) == 2  # now convertible

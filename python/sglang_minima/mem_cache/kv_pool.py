@@ -119,12 +119,16 @@ class MinimaKVPool(MHATokenToKVPool):
         if v_scale is not None:
             self.store.v_scales[local] = float(v_scale)
         with torch.profiler.record_function("minima.kv_write"):
-            if local == 0:
-                self.store.page_table.note_written(loc.to(torch.int64))
             super().set_kv_buffer(
                 layer, self.store.page_table.hot_slots(loc), cache_k, cache_v,
                 k_scale, v_scale, layer_id_override, dcp_kv_mask,
             )
+            if local == self.layer_num - 1:
+                # After the last layer's write, in the forward's stream order: a page reads as
+                # sealed (convertible) only once every layer of its tokens is written, so a
+                # conversion between steps never encodes a page a forward still in flight (the
+                # overlap scheduler's next batch) has written in its first layers only.
+                self.store.page_table.note_written(loc.to(torch.int64))
 
     # ---------------------------------------------------------------- read interface
 

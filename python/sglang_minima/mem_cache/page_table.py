@@ -77,7 +77,8 @@ class PageTable:
         self.score[pages] = 0.0
 
     def note_written(self, slots: torch.Tensor) -> None:
-        """Record writes to logical slots (pages fill in order, so fill = max offset + 1)."""
+        """Record writes to logical slots (pages fill in order, so fill = max offset + 1). The pool
+        calls it after the last layer's write of the slots, so ``sealed`` implies every layer."""
         pages = torch.div(slots, self.page_size, rounding_mode="floor")
         ends = (slots - pages * self.page_size + 1).to(torch.int32)
         self.fill.scatter_reduce_(0, pages, ends, reduce="amax")
