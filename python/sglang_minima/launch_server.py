@@ -8,8 +8,9 @@ default model (SmolLM2-135M-Instruct) is served. The attention backend is ``mini
 through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
 ``--minima-attention-score-anchors``) selects ``minima_native``, and is refused with
-``--attention-backend minima``. Both plan each step with host syncs, so their servers run without
-CUDA graphs.
+``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
+inside the graph); extend batches are planned on the host, so prefill graphs are off, and so are
+decode graphs on ``minima_native``.
 """
 
 from __future__ import annotations
