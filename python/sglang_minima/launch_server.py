@@ -101,9 +101,10 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
     _check_kernel_backend(config, sglang_argv, on_cpu)
-    decode_backend = _attention_backend(sglang_argv, config, on_cpu)
+    backend = _default_backend(config, on_cpu)
+    decode_backend = _decode_backend(sglang_argv, backend)
     _check_graphs(sglang_argv, decode_backend)
-    sglang_argv += _default_flags(sglang_argv, on_cpu, _default_backend(config, on_cpu), decode_backend)
+    sglang_argv += _default_flags(sglang_argv, on_cpu, backend, decode_backend)
     set_active_config(config)
     return config, sglang_argv
 
@@ -195,13 +196,9 @@ def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -
             raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
 
 
-def _attention_backend(argv: list[str], config: MinimaConfig, on_cpu: bool) -> str:
-    """The backend decode batches run on: the one given, else the default."""
-    return (
-        _flag_value(argv, "--decode-attention-backend")
-        or _flag_value(argv, "--attention-backend")
-        or _default_backend(config, on_cpu)
-    )
+def _decode_backend(argv: list[str], default: str) -> str:
+    """The backend decode batches run on: the one given, else ``default``."""
+    return _flag_value(argv, "--decode-attention-backend") or _flag_value(argv, "--attention-backend") or default
 
 
 def _check_graphs(argv: list[str], backend: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, UNMAPPED, PageTable
+from sglang_minima.mem_cache.page_table import PageTable
 from sglang_minima.mem_cache.stats import MinimaStats
 
 _FIELDS = ("route_hot_pages", "route_hot_tokens", "route_tq3_pages", "route_tq3_tokens")
@@ -32,11 +32,8 @@ class DeviceRouteCounter:
         """Add a step's routes (graph-recordable: fixed shapes, no host read). ``logical_pages``
         int64 [batch, max_pages] (0 past a request's end), ``tokens`` int64 [2] (hot, TQ3 tokens),
         ``rows`` bool [batch]: the real requests (a graph batch's padding rows read page 0)."""
-        mapped = (page_table.phys[logical_pages] != UNMAPPED) & rows.unsqueeze(1)
-        fmt = page_table.fmt[logical_pages]
-        hot = (mapped & (fmt == FMT_HOT)).sum()
-        tq3 = (mapped & (fmt == FMT_TQ3)).sum()
-        self.totals += torch.stack([hot, tokens[0], tq3, tokens[1]])
+        pages = page_table.format_counts(logical_pages, rows.unsqueeze(1))
+        self.totals += torch.stack([pages[0], tokens[0], pages[1], tokens[1]])
 
     def mark_step(self) -> None:
         """A counting step was launched (called on the host before each replay)."""

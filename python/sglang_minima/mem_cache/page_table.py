@@ -76,6 +76,15 @@ class PageTable:
         self.tier[pages] = TIER_NONE
         self.score[pages] = 0.0
 
+    def format_counts(self, logical_pages: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """int64 [2]: the mapped pages among ``logical_pages`` (any shape; where the bool ``keep``,
+        broadcast to it, is set) that are hot and TQ3: a route's pages by format. Fixed shapes."""
+        mapped = self.phys[logical_pages] != UNMAPPED
+        if keep is not None:
+            mapped = mapped & keep
+        fmt = self.fmt[logical_pages]
+        return torch.stack([(mapped & (fmt == FMT_HOT)).sum(), (mapped & (fmt == FMT_TQ3)).sum()])
+
     def note_written(self, slots: torch.Tensor) -> None:
         """Record writes to logical slots (pages fill in order, so fill = max offset + 1). The pool
         calls it after the last layer's write of the slots, so ``sealed`` implies every layer."""

@@ -204,10 +204,9 @@ class TieredPageStore:
     def note_read(self, logical_pages: torch.Tensor, *, hot_tokens: int = 0, tq3_tokens: int = 0) -> None:
         """Count a forward's routes: the pages (by format) and tokens it reads. No reference is
         taken: the pools' quarantine keeps a freed page until the forward in flight is done."""
-        pages = logical_pages.to(device=self.device, dtype=torch.int64)
-        fmt = self.page_table.fmt[pages[self.page_table.phys[pages] != 0]]
-        self.stats.route_hot_pages += int((fmt == FMT_HOT).sum())
-        self.stats.route_tq3_pages += int((fmt == FMT_TQ3).sum())
+        hot, tq3 = self.page_table.format_counts(logical_pages.to(device=self.device, dtype=torch.int64)).tolist()
+        self.stats.route_hot_pages += hot
+        self.stats.route_tq3_pages += tq3
         self.stats.route_hot_tokens += hot_tokens
         self.stats.route_tq3_tokens += tq3_tokens
 
