@@ -43,6 +43,7 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
     scopes: dict[str, float] = defaultdict(float)
     host: dict[str, float] = defaultdict(float)
     gpu: dict[str, float] = defaultdict(float)
+    gpu_spans: dict[str, float] = defaultdict(float)
     start, end = float("inf"), 0.0
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") != "X" or "dur" not in ev:
@@ -50,6 +51,9 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         name, cat, dur = ev.get("name", ""), ev.get("cat", ""), float(ev["dur"])
         if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             gpu[name] += dur
+            continue
+        if cat == "gpu_user_annotation":  # a scope's span on the GPU timeline: not host time
+            gpu_spans[name] += dur
             continue
         start, end = min(start, float(ev["ts"])), max(end, float(ev["ts"]) + dur)
         if name in SCOPES:
@@ -66,6 +70,7 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         "wall_ms_per_step": round((end - start) / steps / 1000, 3) if end > start else None,
         "scopes_ms_per_step": {k: round(scopes.get(k, 0.0) / steps / 1000, 3) for k in SCOPES},
         "gpu_ms_per_step": round(sum(gpu.values()) / steps / 1000, 3),
+        "scope_gpu_spans_ms_per_step": {k: round(gpu_spans.get(k, 0.0) / steps / 1000, 3) for k in SCOPES},
         "top_host_ops_ms_per_step": per_step(host),
         "top_gpu_kernels_ms_per_step": per_step(gpu),
     }

@@ -1,0 +1,31 @@
+"""benchmark/serving/profile_decode.py's trace summary: what counts as host time in a scope."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
+
+from profile_decode import summarize_trace  # noqa: E402
+
+
+def _ev(name, cat, ts, dur):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_a_scope_counts_its_host_span_not_its_gpu_span():
+    # The profiler writes each record_function range twice: on the host (user_annotation) and as the
+    # span of the kernels it launched on the GPU timeline (gpu_user_annotation), which can be longer.
+    trace = {"traceEvents": [
+        _ev("minima.lifecycle", "user_annotation", 0, 1000),
+        _ev("minima.lifecycle", "gpu_user_annotation", 200, 3000),
+        _ev("aten::add", "cpu_op", 100, 50),
+        _ev("fused_kernel", "kernel", 300, 400),
+        _ev("minima.plan", "user_annotation", 1500, 500),
+    ]}
+    s = summarize_trace(trace, steps=2)
+    assert s["scopes_ms_per_step"]["minima.lifecycle"] == 0.5
+    assert s["scope_gpu_spans_ms_per_step"]["minima.lifecycle"] == 1.5
+    assert s["scopes_ms_per_step"]["minima.plan"] == 0.25
+    assert s["wall_ms_per_step"] == 1.0  # host events only: 0 .. 2000 us over 2 steps
+    assert s["gpu_ms_per_step"] == 0.2
+    assert s["top_host_ops_ms_per_step"] == {"aten::add": 0.025}
