@@ -9,7 +9,8 @@ One module per kernel, named for it:
 - ``fp8_decode_kernel`` (fp8_decode.py): the TileLang FP8 split-KV decode (an FP8 part of the two-launch path).
 - ``rotate_queries_kernel`` / ``tq3_merge_splits`` / ``mixed_epilogue_kernel`` (rotation_merge.py):
   q' = R q in (the codec's Hadamard rotation); split combine, un-rotation and merge of the states out.
-- ``fp8_to_tq3`` / ``tq3_to_fp8`` (convert.py): batched page conversions, bit-identical to the torch codec.
+- ``fp8_to_tq3`` / ``tq3_to_fp8`` (convert.py): batched page conversions, bit-identical to the torch codec;
+  ``PageConversions``: both kernels of one geometry built once (what the memory system calls per layer).
 - heuristics.py: every build, split and path rule (pure Python, CPU-tested); common.py: constants and
   limits the kernels share.
 
@@ -24,6 +25,8 @@ _EXPORTS = {
     "choose_num_splits": "heuristics",
     "tile_config": "heuristics",
     "fp8_decode_kernel": "fp8_decode",
+    "PageConversions": "convert",
+    "conversion_scales": "convert",
     "fp8_to_tq3": "convert",
     "fp8_to_tq3_kernel": "convert",
     "tq3_to_fp8": "convert",

@@ -13,6 +13,7 @@ as the OR of its codes (``layout.lane_word``, through ``layout.pair_coords``), u
 three words of a triple and splits them back into its 32 codes (``layout.triple_codes``).
 """
 
+import functools
 import math
 
 import tilelang
@@ -34,7 +35,7 @@ from sglang_minima.codec.layout import (
     pair_coords,
     triple_codes,
 )
-from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.rotation import LayerRotation, fp32_inv_sqrt, is_power_of_two
 
 from .common import EXACT_FP32, log2_int
 
@@ -300,22 +301,21 @@ def tq3_to_fp8_kernel(
     return tq3_to_fp8
 
 
-def _kernel_constants(rotation: LayerRotation) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
-    if not rotation.is_hadamard:
-        raise ValueError(
-            f"the GPU conversion needs a power-of-two head_dim (Hadamard rotation), got {rotation.head_dim}"
-        )
-    book = tq3_codebook(rotation.head_dim)
-    sqrt_d = float(torch.tensor(math.sqrt(rotation.head_dim), dtype=torch.float32))
+def _kernel_constants(head_dim: int) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+    if not is_power_of_two(head_dim):
+        raise ValueError(f"the GPU conversion needs a power-of-two head_dim (Hadamard rotation), got {head_dim}")
+    book = tq3_codebook(head_dim)
+    sqrt_d = float(torch.tensor(math.sqrt(head_dim), dtype=torch.float32))
     return (
         tuple(float(c) for c in book.centroids),
         tuple(float(t) for t in book.thresholds),
-        rotation.inv_sqrt_d,
+        fp32_inv_sqrt(head_dim),
         sqrt_d,
     )
 
 
-def _scales(k_scale: Scale, v_scale: Scale, device: torch.device) -> torch.Tensor:
+def conversion_scales(k_scale: Scale, v_scale: Scale, device: torch.device | str) -> torch.Tensor:
+    """fp32 [2] (k, v) on the device: the FP8 scales as both kernels read them."""
     return torch.tensor(
         [1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale)],
         dtype=torch.float32,
@@ -325,6 +325,47 @@ def _scales(k_scale: Scale, v_scale: Scale, device: torch.device) -> torch.Tenso
 
 def _as_fp8(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+
+
+class PageConversions:
+    """Both conversion kernels of one geometry (kv heads, page size, head dim), each built on first
+    use and kept: the memory system converts every layer of a batch through one object, with page
+    lists and scales already on the device (no JIT lookup or host copy per layer).
+
+    FP8 caches are ``[n_fp8, P, H, D]`` (e4m3 or its uint8 bits), TQ3P pages ``[n_tq3, page_bytes]``
+    uint8, page lists int32, ``signs`` the layer's ``LayerRotation.signs`` [H, D] and ``scales``
+    ``conversion_scales(...)``.
+    """
+
+    def __init__(self, heads: int, page_size: int, head_dim: int):
+        self.heads, self.page_size, self.head_dim = heads, page_size, head_dim
+        self._constants = _kernel_constants(head_dim)
+
+    @functools.cached_property
+    def encode_kernel(self):
+        return fp8_to_tq3_kernel(self.heads, self.page_size, self.head_dim, *self._constants)
+
+    @functools.cached_property
+    def decode_kernel(self):
+        centroids, _, inv_sqrt_d, _ = self._constants
+        return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d)
+
+    def build(self) -> "PageConversions":
+        """Build (or load from TileLang's cache) both kernels now, e.g. before a server serves."""
+        _ = self.encode_kernel, self.decode_kernel
+        return self
+
+    def fp8_to_tq3(self, k_cache, v_cache, src_pages, dst_pages, tq3_pages, signs, scales) -> None:
+        self.encode_kernel(
+            _as_fp8(k_cache), _as_fp8(v_cache), src_pages, dst_pages, signs, scales,
+            tq3_pages, tq3_pages.view(torch.float16),
+        )
+
+    def tq3_to_fp8(self, tq3_pages, src_pages, dst_pages, k_cache, v_cache, signs, scales) -> None:
+        self.decode_kernel(
+            tq3_pages.view(torch.int32), tq3_pages.view(torch.float16), src_pages, dst_pages, signs, scales,
+            _as_fp8(k_cache), _as_fp8(v_cache),
+        )
 
 
 def fp8_to_tq3(
@@ -342,16 +383,9 @@ def fp8_to_tq3(
     TQ3P pages ``dst_pages`` of ``tq3_pages`` ``[n_tq3, page_bytes]`` uint8, in place. The bytes equal
     ``encode_pages(k[src].transpose(1, 2), v[src].transpose(1, 2), ...)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
-    kernel = fp8_to_tq3_kernel(heads, page_size, dim, *_kernel_constants(rotation))
-    kernel(
-        _as_fp8(k_cache),
-        _as_fp8(v_cache),
-        src_pages.to(torch.int32),
-        dst_pages.to(torch.int32),
-        rotation.signs.to(k_cache.device),
-        _scales(k_scale, v_scale, k_cache.device),
-        tq3_pages,
-        tq3_pages.view(torch.float16),
+    PageConversions(heads, page_size, dim).fp8_to_tq3(
+        k_cache, v_cache, src_pages.to(torch.int32), dst_pages.to(torch.int32), tq3_pages,
+        rotation.signs.to(k_cache.device), conversion_scales(k_scale, v_scale, k_cache.device),
     )
 
 
@@ -369,15 +403,7 @@ def tq3_to_fp8(
     """Promote: TQ3P pages ``src_pages`` -> FP8 pages ``dst_pages`` of k/v ``[n_fp8, P, H, D]``, in
     place; equals ``fp8_quantize(to_original_space(decode_pages(...)), scale)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
-    centroids, _, inv_sqrt_d, _ = _kernel_constants(rotation)
-    kernel = tq3_to_fp8_kernel(heads, page_size, dim, centroids, inv_sqrt_d)
-    kernel(
-        tq3_pages.view(torch.int32),
-        tq3_pages.view(torch.float16),
-        src_pages.to(torch.int32),
-        dst_pages.to(torch.int32),
-        rotation.signs.to(k_cache.device),
-        _scales(k_scale, v_scale, k_cache.device),
-        _as_fp8(k_cache),
-        _as_fp8(v_cache),
+    PageConversions(heads, page_size, dim).tq3_to_fp8(
+        tq3_pages, src_pages.to(torch.int32), dst_pages.to(torch.int32), k_cache, v_cache,
+        rotation.signs.to(k_cache.device), conversion_scales(k_scale, v_scale, k_cache.device),
     )

@@ -1,11 +1,11 @@
-"""benchmark/serving/profile_decode.py's trace summary: what counts as host time in a scope."""
+"""benchmark/serving/trace_summary.py (profile_decode.py's): what counts as host time in a scope."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
-from profile_decode import summarize_trace  # noqa: E402
+from trace_summary import summarize_trace  # noqa: E402
 
 
 def _ev(name, cat, ts, dur):

@@ -146,3 +146,42 @@ def test_without_defer_prefill_conversion_a_prefilling_request_converts_at_once(
     chunked = _request(store, [1, 2, 3, 4])
     ctl.tick([chunked], prefilling=[True])
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+
+
+def test_a_tick_with_nothing_to_do_settles_until_a_page_a_mapping_or_the_key_changes():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, retier_batch_pages=8))
+    seq = _request(store, [1, 2, 3, 4], tokens=3 * PS)  # page 4 mapped, not written yet
+    key = (("a", 4),)
+    assert not ctl.settled(key)
+    ctl.tick([seq], key=key)  # converts pages 2 and 3: work done, so not settled
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    assert not ctl.settled(key)
+    ctl.tick([seq], key=key)  # the converted pages' sources wait in the quarantine: nothing to do
+    assert ctl.settled(key)
+    assert not ctl.settled((("a", 5),))  # the request crossed a page: its tiers move
+    store.end_step()
+    assert ctl.settled(key)  # the sources cool for a step more
+    store.end_step()  # ... then they are free: promotion may want hot pages
+    assert not ctl.settled(key)
+    ctl.tick([seq], key=key)
+    assert ctl.settled(key)
+    other = _request(store, [7])  # another request's allocation: the store's mappings changed
+    assert not ctl.settled(key)
+    ctl.tick([seq, other], key=key + (("b", 1),))
+    assert ctl.settled(key + (("b", 1),))
+
+
+def test_a_stale_page_still_being_written_keeps_the_tick_running():
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0))
+    seq = _request(store, [1, 2, 3], tokens=PS + 3)  # page 2 Stale, 3 of its slots written so far
+    ctl.tick([seq], key=1)
+    ctl.tick([seq], key=1)
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_HOT, FMT_HOT]
+    assert not ctl.settled(1)  # a forward in flight may still fill page 2: look again next step
+    write_tokens(store, 2 * PS + torch.arange(3, PS), *random_kv(PS - 3))  # its writes land
+    ctl.tick([seq], key=1)
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT]
+    ctl.tick([seq], key=1)
+    assert ctl.settled(1)

@@ -17,12 +17,12 @@ and Stale pages first, then Anchor, then Recent, oldest first; never a page bein
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 
 from sglang_minima.config import MinimaConfig
-from sglang_minima.mem_cache.page_table import FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
 from sglang_minima.mem_cache.tier_store import TieredPageStore
 
 _TIER_STRIDE = 1 << 40  # sort key tier * stride + birth step: tiers first, then age
@@ -32,6 +32,18 @@ class LifecycleController:
     def __init__(self, store: TieredPageStore, config: MinimaConfig):
         self.store = store
         self.config = config
+        self._settled: tuple | None = None  # (caller's key, store state) after a tick that found nothing to do
+
+    def settled(self, key: Hashable) -> bool:
+        """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
+        of the live requests: each one's identity, page count and prefill state) found nothing to
+        convert, promote or wait for, and no page was mapped, freed or converted since. Most decode
+        steps cross no page boundary, so they skip the tick's classification and its launches."""
+        return self._settled is not None and self._settled == (key, self._store_state())
+
+    def _store_state(self) -> tuple[int, int, int]:
+        store = self.store
+        return store.version, store.hot_pool.num_free, store.tq3_pool.num_free
 
     def classify(self, sequences: Sequence[torch.Tensor]) -> torch.Tensor:
         """int8 [num_logical_pages + 1]: the tier of every logical page (TIER_NONE if no live request holds it)."""
@@ -63,26 +75,40 @@ class LifecycleController:
         labels.scatter_reduce_(0, pages, tier.to(labels.dtype), reduce="amax")
         return labels
 
-    def tick(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool] = ()) -> None:
+    def tick(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool] = (), key: Hashable = None) -> None:
         """Between steps: classify, retier one batch, promote what fits beside the decode reserve.
 
         ``prefilling[i]`` is True while request i's prefill has not ended (chunked prefill); with
         ``defer_prefill_conversion`` its pages are not converted here (``reserve_hot`` still may).
+        With a ``key`` (see ``settled``), a tick that finds nothing to do records it.
         """
         store, pt, p = self.store, self.store.page_table, self.config
+        self._settled = None
         pt.tier.copy_(self.classify(sequences))
         if p.disable_stale:
+            self._settle(key)
             return
-        stale = store.hot_convertible() & (pt.tier == TIER_STALE)
+        stale = (pt.tier == TIER_STALE) & pt.mapped & (pt.fmt == FMT_HOT)
         if p.defer_prefill_conversion:
             for seq, in_prefill in zip(sequences, prefilling):
                 if in_prefill:
                     stale[seq.to(device=stale.device, dtype=torch.int64)] = False
-        store.retier(self._order(stale, demote=True)[: p.retier_batch_pages])
+        sealed = pt.sealed
+        converted = store.retier(self._order(stale & sealed, demote=True)[: p.retier_batch_pages])
         spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
         wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)
-        if spare > 0 and bool(wanted.any()):
-            store.promote(self._order(wanted, demote=False)[: min(spare, p.retier_batch_pages)])
+        # One device read for both: TQ3 pages to promote, Stale pages a forward is still filling.
+        any_wanted, any_unsealed = torch.stack([wanted.any(), (stale & ~sealed).any()]).tolist()
+        promoted = 0
+        if spare > 0 and any_wanted:
+            promoted = store.promote(self._order(wanted, demote=False)[: min(spare, p.retier_batch_pages)])
+        if converted == 0 and promoted == 0 and not any_unsealed and not (spare > 0 and any_wanted):
+            self._settle(key)
+
+    def _settle(self, key: Hashable) -> None:
+        # Attention-score anchors move every step: such a tick is never known to be idle.
+        if key is not None and not (self.config.attention_score_anchors and self.config.anchor_pages > 0):
+            self._settled = (key, self._store_state())
 
     def hot_reachable(self) -> int:
         """Hot pages an allocation can get: free and quarantined ones (``reserve_hot`` frees the

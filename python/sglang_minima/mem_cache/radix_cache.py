@@ -83,25 +83,37 @@ class MinimaRadixCache(UnifiedRadixCache):
         super().flush_pending_backups()
         with torch.profiler.record_function("minima.lifecycle"):  # between steps: conversions, promotions
             self.store.end_step()
-            sequences, prefilling = self._live()
-            self.lifecycle.tick(sequences, prefilling)
-            if not sequences:  # nothing live: no more steps may come to move the quarantine on
+            live = self._live_requests()
+            # Host facts only: a step that crossed no page boundary and changed no mapping skips the tick.
+            key = tuple((req.rid, req.kv.req_pool_idx, -(-req.kv.kv_allocated_len // self.page_size),
+                         req.kv.kv_allocated_len < len(req.origin_input_ids)) for req in live)
+            if not self.lifecycle.settled(key):
+                sequences, prefilling = self._sequences(live)
+                self.lifecycle.tick(sequences, prefilling, key=key)
+            if not live:  # nothing live: no more steps may come to move the quarantine on
                 self.store.drain_quarantine()
         for listener in self.step_listeners:
             listener(self.store)
 
     def live_sequences(self) -> list[torch.Tensor]:
         """Logical pages of every request holding KV, in sequence order."""
-        return self._live()[0]
+        return self._sequences(self._live_requests())[0]
 
-    def _live(self) -> tuple[list[torch.Tensor], list[bool]]:
-        """``live_sequences()`` and, for each, whether its prefill has not ended yet (a chunked
-        prefill between chunks: less KV allocated than the prompt has tokens)."""
-        sequences, prefilling = [], []
+    def _live_requests(self) -> list:
+        """Requests holding KV (their prefix hits counted once they are)."""
+        live = []
         for req in list(self._requests):
             if not req.kv.holds_kv or req.kv.kv_allocated_len == 0:
                 continue
             self._count_hits(req)
+            live.append(req)
+        return live
+
+    def _sequences(self, live: list) -> tuple[list[torch.Tensor], list[bool]]:
+        """Each request's logical pages in sequence order, and whether its prefill has not ended yet
+        (a chunked prefill between chunks: less KV allocated than the prompt has tokens)."""
+        sequences, prefilling = [], []
+        for req in live:
             row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len]
             sequences.append(row[:: self.page_size].to(torch.int64) // self.page_size)
             prefilling.append(req.kv.kv_allocated_len < len(req.origin_input_ids))

@@ -2,7 +2,7 @@
 
 It owns the page table, the two physical pools with their reference counts and release
 quarantines, the step count, the hot (FP8) and TQ3 buffers of every layer, and the conversions
-between the two formats.
+between the two formats (the torch codec, or on CUDA the TileLang kernels: kernel_conversions.py).
 ``MinimaKVPool`` wraps one store inside SGLang; tests drive a store directly.
 
 Ownership (see README.md): SGLang owns logical pages (request rows, tree, locks). A logical page
@@ -27,6 +27,7 @@ from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.device_routes import DeviceRouteCounter
+from sglang_minima.mem_cache.kernel_conversions import KernelConversions, kernel_conversions
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
 from sglang_minima.mem_cache.stats import ConversionStats, MinimaStats
@@ -114,6 +115,7 @@ class TieredPageStore:
         device: torch.device | str = "cpu",
         rotation_seed: int = 0,
         first_layer_id: int = 0,
+        conversion_kernels: bool = True,
     ):
         self.shape = shape
         self.page_size = shape.page_size
@@ -123,6 +125,7 @@ class TieredPageStore:
         self.hot_pool = PhysicalPagePool(shape.num_hot_pages, "hot")
         self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3")
         self.epoch = 0  # scheduler steps ended (end_step)
+        self.version = 0  # mapping changes (map, unmap, conversions): LifecycleController.settled reads it
         self.stats = MinimaStats()
         self.device_routes = DeviceRouteCounter(self.device)  # what CUDA-graph steps read (counted in the graph)
         rows = (shape.num_hot_pages + 1) * shape.page_size
@@ -140,6 +143,8 @@ class TieredPageStore:
             for i in range(shape.num_layers)
         ]
         self.codebook: Codebook = tq3_codebook(shape.head_dim).to(self.device)
+        # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes); else the torch codec.
+        self.kernels: KernelConversions | None = kernel_conversions(self) if conversion_kernels else None
 
     def _zeros(self, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(size, dtype=dtype, device=self.device)
@@ -169,6 +174,7 @@ class TieredPageStore:
                 f"no free hot page for {pages.numel()} new logical pages ({self.hot_pool.num_free} free)"
             )
         self.page_table.map(pages.to(self.device), FMT_HOT, phys.to(self.device), self.step)
+        self.version += 1
 
     def unmap(self, pages: torch.Tensor) -> None:
         """SGLang freed these logical pages: drop each one's mapping reference."""
@@ -180,12 +186,14 @@ class TieredPageStore:
         self.hot_pool.release(phys[fmt == FMT_HOT])
         self.tq3_pool.release(phys[fmt == FMT_TQ3])
         self.page_table.unmap(pages)
+        self.version += 1
 
     def reset(self) -> None:
         """Every logical page was freed at once (SGLang's allocator clear)."""
         self.hot_pool.reset()
         self.tq3_pool.reset()
         self.page_table.unmap(torch.arange(self.page_table.num_logical_pages + 1, device=self.device))
+        self.version += 1
 
     def reference_mismatches(self) -> int:
         """Physical pages whose reference count is not what their owners hold: the logical page
@@ -244,14 +252,23 @@ class TieredPageStore:
         """FP8 -> TQ3 for sealed hot logical pages, one batched encode per layer; returns pages converted."""
         pages = pages.to(device=self.device, dtype=torch.int64)
         pages = pages[self.hot_convertible()[pages]]
-        return self._convert(pages, self.hot_pool, self.tq3_pool, FMT_TQ3, self._encode_layer, self.stats.retier)
+        copy = self.kernels.encode if self.kernels is not None else self._per_layer(self._encode_layer)
+        return self._convert(pages, self.hot_pool, self.tq3_pool, FMT_TQ3, copy, self.stats.retier)
 
     def promote(self, pages: torch.Tensor) -> int:
         """TQ3 -> FP8 for mapped TQ3 logical pages (decode, un-rotate, re-quantize); returns pages promoted."""
         pages = pages.to(device=self.device, dtype=torch.int64)
         pt = self.page_table
         pages = pages[pt.mapped[pages] & (pt.fmt[pages] == FMT_TQ3)]
-        return self._convert(pages, self.tq3_pool, self.hot_pool, FMT_HOT, self._decode_layer, self.stats.promote)
+        copy = self.kernels.decode if self.kernels is not None else self._per_layer(self._decode_layer)
+        return self._convert(pages, self.tq3_pool, self.hot_pool, FMT_HOT, copy, self.stats.promote)
+
+    def _per_layer(self, copy_layer: Callable[[int, torch.Tensor, torch.Tensor], None]):
+        def copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+            for layer in range(self.shape.num_layers):
+                copy_layer(layer, src, dst)
+
+        return copy
 
     def _convert(
         self,
@@ -259,7 +276,7 @@ class TieredPageStore:
         src_pool: PhysicalPagePool,
         dst_pool: PhysicalPagePool,
         dst_fmt: int,
-        copy_layer: Callable[[int, torch.Tensor, torch.Tensor], None],
+        copy: Callable[[torch.Tensor, torch.Tensor], None],
         stats: ConversionStats,
     ) -> int:
         """Copy before publish: retain the sources, allocate and fill the destinations layer by
@@ -275,8 +292,7 @@ class TieredPageStore:
         dst = dst_pool.alloc(n)
         try:
             with scratch.measure() as meter:
-                for layer in range(self.shape.num_layers):
-                    copy_layer(layer, src, dst.to(self.device))
+                copy(src, dst.to(self.device))  # every layer
             self.stats.note_scratch_bytes(meter.peak_bytes)
         except Exception:
             logger.exception("Minima: converting %d pages to format %d failed; they keep their format", n, dst_fmt)
@@ -285,6 +301,7 @@ class TieredPageStore:
             stats.failed_pages += n
             return 0
         self.page_table.publish(pages, dst_fmt, dst.to(self.device))
+        self.version += 1
         src_pool.release(src)  # the logical pages' mappings moved to dst
         src_pool.release(src)  # the conversion is done
         stats.record(n, time.perf_counter() - start)

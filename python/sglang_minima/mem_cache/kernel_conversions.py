@@ -1,0 +1,84 @@
+"""The store's page conversions on CUDA: the TileLang kernels (``minima_kernels.PageConversions``).
+
+The torch codec converts a batch of pages with ~400 small ops per layer (each a launch on the GPU:
+~12,000 for a 30-layer model, the largest host cost of a decode step that converts); the kernels do
+it in one launch per layer and per direction, and write the codec's exact bytes (the kernels are
+tested bit for bit against it: test/gpu/test_kernels.py; this path inside the store:
+test/mem_cache/test_kernel_conversions.py). Used where the kernels apply: a CUDA store with FP8 hot
+pages and a power-of-two head dim (the Hadamard rotation), the ``gpu`` extra installed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang_minima.codec.rotation import is_power_of_two
+
+logger = logging.getLogger(__name__)
+
+
+class KernelConversions:
+    """FP8 <-> TQ3 for every layer of a batch of pages, one kernel launch per layer. ``store`` is a
+    ``TieredPageStore`` (its shape, buffers, rotations and FP8 scales are read at each call)."""
+
+    def __init__(self, store):
+        from minima_kernels import PageConversions
+
+        s = store.shape
+        self.store = store
+        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim).build()
+        self._scales: list[tuple[tuple[float, float], torch.Tensor] | None] = [None] * s.num_layers
+
+    def _layer_scales(self, layer: int) -> torch.Tensor:
+        """fp32 [2] on the device: the layer's FP8 scales, copied once (SGLang sets them at load)."""
+        key = (float(self.store.k_scales[layer]), float(self.store.v_scales[layer]))
+        cached = self._scales[layer]
+        if cached is None or cached[0] != key:
+            cached = (key, torch.tensor(key, dtype=torch.float32, device=self.store.device))
+            self._scales[layer] = cached
+        return cached[1]
+
+    def _caches(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.store.shape
+        view = (s.num_hot_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)
+        return self.store.hot_k[layer].view(view), self.store.hot_v[layer].view(view)
+
+    def encode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Hot pages ``src`` -> TQ3 pages ``dst`` (device page ids), every layer."""
+        src, dst = src.to(torch.int32), dst.to(torch.int32)
+        for layer in range(self.store.shape.num_layers):
+            k, v = self._caches(layer)
+            self.kernels.fp8_to_tq3(
+                k, v, src, dst, self.store.tq3[layer], self.store.rotations[layer].signs, self._layer_scales(layer)
+            )
+
+    def decode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """TQ3 pages ``src`` -> hot pages ``dst`` (device page ids), every layer."""
+        src, dst = src.to(torch.int32), dst.to(torch.int32)
+        for layer in range(self.store.shape.num_layers):
+            k, v = self._caches(layer)
+            self.kernels.tq3_to_fp8(
+                self.store.tq3[layer], src, dst, k, v, self.store.rotations[layer].signs, self._layer_scales(layer)
+            )
+
+
+def kernel_conversions(store) -> KernelConversions | None:
+    """The kernels for ``store`` where they apply, else None (the torch codec converts), saying why."""
+    s = store.shape
+    if store.device.type != "cuda":
+        return None
+    if not store.is_fp8 or not is_power_of_two(s.head_dim):
+        logger.info(
+            "Minima: conversions on the torch codec (the kernels need FP8 hot pages and a power-of-two "
+            "head_dim; hot dtype %s, head_dim %d)", s.hot_dtype, s.head_dim,
+        )
+        return None
+    try:
+        conversions = KernelConversions(store)
+    except Exception as e:  # the gpu extra (tilelang) missing, or its build failing: the codec still converts
+        logger.warning("Minima: conversions on the torch codec: the TileLang kernels are unavailable (%r)", e)
+        return None
+    logger.info("Minima: page conversions through the TileLang kernels (%d layers)", s.num_layers)
+    return conversions

@@ -1,0 +1,125 @@
+"""On CUDA the store converts pages through the TileLang kernels: the same bytes as the torch codec's
+store, retier and promote, every layer, with FP8 scales != 1 (run on the device machine). On CPU the
+store's kernel wiring (views, page ids, per-layer signs and scales) runs against a stand-in that
+follows the kernels' contract with the torch codec."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from sglang_minima.codec import LayerRotation, TQ3PageLayout
+from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.fp8 import fp8_quantize
+from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
+from sglang_minima.mem_cache import kernel_conversions
+from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore
+
+GEOMETRIES = [(3, 64, 64), (8, 128, 64), (4, 256, 32)]  # kv heads, head dim, page size
+
+
+class CodecPageConversions:
+    """``minima_kernels.PageConversions``'s contract, computed by the torch codec (CPU stand-in)."""
+
+    def __init__(self, heads: int, page_size: int, head_dim: int):
+        self.layout = TQ3PageLayout(heads, page_size, head_dim)
+        self.codebook = tq3_codebook(head_dim)
+
+    def build(self):
+        return self
+
+    def _rotation(self, signs):
+        rotation = LayerRotation(self.layout.num_kv_heads, self.layout.head_dim, 0, 0, signs.device)
+        object.__setattr__(rotation, "signs", signs)
+        return rotation
+
+    def fp8_to_tq3(self, k_cache, v_cache, src, dst, tq3_pages, signs, scales):
+        assert src.dtype == dst.dtype == torch.int32 and scales.dtype == torch.float32
+        k, v = (c.view(torch.uint8)[src.long()].transpose(1, 2) for c in (k_cache, v_cache))
+        tq3_pages[dst.long()] = encode_pages(k, v, self.layout, self._rotation(signs), self.codebook,
+                                             k_scale=float(scales[0]), v_scale=float(scales[1]))
+
+    def tq3_to_fp8(self, tq3_pages, src, dst, k_cache, v_cache, signs, scales):
+        k_rot, v_rot = decode_pages(tq3_pages[src.long()], self.layout, self.codebook)
+        rotation = self._rotation(signs)
+        for cache, x, scale in ((k_cache, k_rot, scales[0]), (v_cache, v_rot, scales[1])):
+            rows = fp8_quantize(to_original_space(x, rotation), float(scale)).transpose(1, 2)
+            cache.view(torch.uint8)[dst.long()] = rows.view(torch.uint8)
+
+
+def _stores(heads, dim, page_size, device):
+    shape = StoreShape(num_logical_pages=24, num_hot_pages=12, page_size=page_size, num_layers=3,
+                       num_kv_heads=heads, head_dim=dim, hot_dtype=torch.float8_e4m3fn)
+    kern = TieredPageStore(shape, device=device, rotation_seed=11)
+    ref = TieredPageStore(shape, device=device, rotation_seed=11, conversion_kernels=False)
+    return shape, kern, ref
+
+
+@pytest.mark.parametrize("heads,dim,page_size", GEOMETRIES[:2])
+def test_the_stores_kernel_wiring_writes_the_torch_codecs_bytes(monkeypatch, heads, dim, page_size):
+    shape, kern, ref = _stores(heads, dim, page_size, "cpu")
+    assert kern.kernels is None  # on CPU the torch codec converts
+    monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
+    kern.kernels = kernel_conversions.KernelConversions(kern)
+    _check_same_bytes(shape, kern, ref, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,dim,page_size", GEOMETRIES)
+def test_kernel_conversions_write_the_torch_codecs_bytes(heads, dim, page_size):
+    shape, kern, ref = _stores(heads, dim, page_size, "cuda")
+    assert kern.kernels is not None and ref.kernels is None
+    _check_same_bytes(shape, kern, ref, "cuda")
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _check_same_bytes(shape, kern, ref, device):
+    heads, dim, page_size = shape.num_kv_heads, shape.head_dim, shape.page_size
+    g = torch.Generator(device=device).manual_seed(dim)
+    pages = torch.arange(1, 11, device=device)
+    slots = torch.arange(page_size, 11 * page_size, device=device)
+    for store in (kern, ref):
+        store.map_new(pages)
+        store.page_table.note_written(slots)  # every page sealed
+    hot = kern.page_table.hot_slots(slots)
+    for layer in range(shape.num_layers):
+        scales = (0.37 + 0.1 * layer, 0.29)  # non-powers of two: the dequant multiply rounds
+        for buf, scale in (("hot_k", scales[0]), ("hot_v", scales[1])):
+            rows = fp8_quantize(4 * torch.randn(slots.numel(), heads, dim, device=device, generator=g), scale)
+            rows[0, 0] = 0  # an all-zero token: the zero-norm / zero-range branches
+            for store in (kern, ref):
+                getattr(store, buf)[layer][hot] = rows.view(getattr(store, buf)[layer].dtype)
+        for store in (kern, ref):
+            store.k_scales[layer], store.v_scales[layer] = scales
+
+    stale = torch.tensor([2, 3, 5, 7, 8, 1], device=device)
+    assert kern.retier(stale) == ref.retier(stale) == 6
+    _sync(device)
+    for name in ("fmt", "phys"):
+        assert torch.equal(getattr(kern.page_table, name), getattr(ref.page_table, name))
+    for layer in range(shape.num_layers):
+        diff = int((kern.tq3[layer] != ref.tq3[layer]).sum())
+        assert diff == 0, f"layer {layer}: {diff} TQ3 bytes differ from the torch codec's"
+
+    for store in (kern, ref):
+        store.end_step()  # the same free lists on both: promotion takes the same hot pages
+    back = torch.tensor([3, 8], device=device)
+    assert kern.promote(back) == ref.promote(back) == 2
+    _sync(device)
+    assert torch.equal(kern.page_table.phys, ref.page_table.phys)
+    promoted = kern.page_table.hot_slots(
+        torch.cat([torch.arange(p * page_size, (p + 1) * page_size) for p in (3, 8)]).to(device)
+    )
+    for layer in range(shape.num_layers):
+        for buf in ("hot_k", "hot_v"):
+            a = getattr(kern, buf)[layer][promoted].view(torch.uint8)
+            b = getattr(ref, buf)[layer][promoted].view(torch.uint8)
+            assert int((a != b).sum()) == 0, f"layer {layer} {buf}: promoted FP8 bytes differ"
+    assert kern.stats.retier.pages == ref.stats.retier.pages == 6
