@@ -148,7 +148,7 @@ def flashinfer_jobs():
 def serving_jobs():
     """The kernels a server builds for the device e2e suite's models: the decode kernels
     (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does) and the pool's
-    conversions, so its servers find them built."""
+    FP8 -> TQ3 conversion, so its servers find them built."""
     from minima_kernels import MinimaDecodeWrapper, PageConversions
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -157,8 +157,8 @@ def serving_jobs():
             f"serving decode {hq}/{h}/{d}/p{p}",
             lambda hq=hq, h=h, d=d, p=p: MinimaDecodeWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5).compile(),
         )
-        # the pool's conversions (mem_cache/kernel_conversions.py), built when a server's pool is made
-        yield f"serving conversions {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).build()
+        # the pool's FP8 -> TQ3 conversion (mem_cache/kernel_conversions.py), built when a server's pool is made
+        yield f"serving retier {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).encode_kernel
 
 
 def main() -> int:
