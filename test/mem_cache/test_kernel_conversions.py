@@ -116,3 +116,33 @@ def _check_same_bytes(shape, kern, ref, device):
             b = getattr(ref, buf)[layer][promoted].view(torch.uint8)
             assert int((a != b).sum()) == 0, f"layer {layer} {buf}: promoted FP8 bytes differ"
     assert kern.stats.retier.pages == ref.stats.retier.pages == 6
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeypatch, device):
+    """The fault test of the kernel path: the kernel writes layer 0, then raises on layer 1."""
+    shape, kern, _ = _stores(3, 64, 64, device)
+    if device == "cpu":  # the stand-in kernel (CUDA builds the real one)
+        monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
+        kern.kernels = kernel_conversions.KernelConversions(kern)
+    pages = torch.arange(1, 5, device=device)
+    kern.map_new(pages)
+    kern.page_table.note_written(torch.arange(64, 5 * 64, device=device))
+    fmt, phys = kern.page_table.fmt.clone(), kern.page_table.phys.clone()
+    hot_free, tq3_free = kern.hot_pool.num_free, kern.tq3_pool.num_free
+    real, calls = kern.kernels.kernels.fp8_to_tq3, []
+
+    def fails_on_layer_1(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected kernel fault")
+        real(*args)
+
+    monkeypatch.setattr(kern.kernels.kernels, "fp8_to_tq3", fails_on_layer_1)
+    assert kern.retier(pages) == 0
+    assert torch.equal(kern.page_table.fmt, fmt) and torch.equal(kern.page_table.phys, phys)
+    assert kern.stats.retier.failed_pages == 4 and kern.stats.retier.pages == 0
+    assert kern.reference_mismatches() == 0
+    assert (kern.hot_pool.num_free, kern.tq3_pool.num_free) == (hot_free, tq3_free)  # dst pages back, unread
+    monkeypatch.setattr(kern.kernels.kernels, "fp8_to_tq3", real)
+    assert kern.retier(pages) == 4  # the next batch converts them
