@@ -14,7 +14,6 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.utils import get_num_new_pages
 
-from sglang_minima.mem_cache.controller import LifecycleController
 from sglang_minima.mem_cache.hot_page_budget import HotPageBudget
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
 
@@ -30,7 +29,7 @@ def minima_pool_of(kvcache) -> MinimaKVPool:
 class MinimaPagedAllocator(PagedTokenToKVPoolAllocator):
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: str, kvcache, need_sort: bool):
         self.kv_pool = minima_pool_of(kvcache)  # before super(): its __init__ calls clear()
-        self.controller = LifecycleController(self.kv_pool.store, self.kv_pool.minima_config)
+        self.controller = self.kv_pool.lifecycle  # the pool's (pressure conversions reserve hot pages)
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
 
     # ---------------------------------------------------------------- allocation

@@ -36,6 +36,7 @@ from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.controller import LifecycleController
 from sglang_minima.mem_cache.page_table import PageTable
 from sglang_minima.mem_cache.stats import MinimaStats
 from sglang_minima.mem_cache.tier_store import (
@@ -83,6 +84,8 @@ class MinimaKVPool(MHATokenToKVPool):
                 rotation_seed=cfg.rotation_seed,
                 first_layer_id=self.start_layer,
             )
+        # The pool owns the lifecycle: the allocator (pressure) and the radix cache (steps) use this one.
+        self.lifecycle = LifecycleController(self.store, cfg)
         self.k_buffer, self.v_buffer = self.store.hot_k, self.store.hot_v
         self.k_scale_buffer = self.v_scale_buffer = None
         self.native_k_scale_buffer = self.native_v_scale_buffer = None

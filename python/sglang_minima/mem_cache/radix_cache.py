@@ -42,7 +42,7 @@ class MinimaRadixCache(UnifiedRadixCache):
                 "(is --page-size > 1 and sglang_minima's plugin registered?)"
             )
         self.store: TieredPageStore = allocator.kv_pool.store
-        self.lifecycle = allocator.controller
+        self.lifecycle = allocator.kv_pool.lifecycle  # the pool owns it; the allocator shares it
         self.step_listeners: list[Callable[[TieredPageStore], None]] = []
         self._requests: weakref.WeakSet = weakref.WeakSet()
         # Hit pages (hot, tq3) of a request's latest match, counted once it is admitted.
