@@ -70,13 +70,23 @@ def stream_generate(url: str, ids: list[int], new_tokens: int) -> dict:
     }
 
 
+def sglang_cpu_flags() -> list[str]:
+    from sglang_minima.launch_server import CPU_DEFAULT_MAX_TOTAL_TOKENS, DEFAULT_PAGE_SIZE
+    from sglang_minima.models import ensure_default_model
+
+    return ["--model-path", str(ensure_default_model()), "--device", "cpu", "--attention-backend", "torch_native",
+            "--page-size", str(DEFAULT_PAGE_SIZE), "--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS),
+            "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--base-pythonpath", help="also serve Minima default from this package path (before/after)")
-    p.add_argument("--arms", default="minima,minima-stale-off", help="of minima, minima-stale-off (and minima-base)")
+    p.add_argument("--arms", default="minima,minima-stale-off",
+                   help="of minima, minima-stale-off, sglang (SGLang's own torch_native, BF16 KV) and minima-base")
     p.add_argument("--same-prompt", action="store_true",
                    help="every repetition reuses the warm-up prompt (a prefix-cache hit: no prefill, decode "
                         "over the pages as the warm-up left them, TQ3 for Minima default)")
@@ -85,16 +95,23 @@ def main() -> None:
     args = p.parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a timeout's SIGTERM stops the servers too
-    arms = {"minima": ([], None), "minima-stale-off": (["--minima-disable-stale"], None)}
+    minima = "sglang_minima.launch_server"
+    arms = {  # name: (server module, flags, env)
+        "minima": (minima, [], None),
+        "minima-stale-off": (minima, ["--minima-disable-stale"], None),
+        # SGLang's own CPU path: torch_native attention over a model-dtype (BF16) KV cache, with the
+        # model, page size, KV budget and graph flags Minima's launcher gives its own CPU servers
+        "sglang": ("sglang.launch_server", sglang_cpu_flags(), None),
+    }
     arms = {k: v for k, v in arms.items() if k in args.arms.split(",")}
     if args.base_pythonpath:
         path = os.pathsep.join([args.base_pythonpath] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                         if x and "python" not in Path(x).name])
-        arms["minima-base"] = ([], {"PYTHONPATH": path})
+        arms["minima-base"] = (minima, [], {"PYTHONPATH": path})
     servers = {}
     try:
-        for name, (flags, env) in arms.items():
-            servers[name] = launch(flags, args.log_dir / f"{name}.log", env=env)
+        for name, (module, flags, env) in arms.items():
+            servers[name] = launch(flags, args.log_dir / f"{name}.log", env=env, module=module)
             print(f"{name}: up in {servers[name].startup_s:.0f} s", file=sys.stderr)
             pause(servers[name], True)
         rng = random.Random(0)
@@ -128,9 +145,11 @@ def main() -> None:
     summary = {name: {"decode_tok_s_median": statistics.median(r["decode_tok_s"] for r in rs),
                       "ttft_s_median": statistics.median(r["ttft_s"] for r in rs), "repeats": len(rs)}
                for name, rs in runs.items() if rs and not name.endswith(":warmup")}
-    ratio = None
+    ratio = sglang_ratio = None
     if "minima" in summary and "minima-stale-off" in summary:
         ratio = summary["minima"]["decode_tok_s_median"] / summary["minima-stale-off"]["decode_tok_s_median"]
+    if "minima" in summary and "sglang" in summary:
+        sglang_ratio = summary["minima"]["decode_tok_s_median"] / summary["sglang"]["decode_tok_s_median"]
     agreement = {}
     if "minima-base" in runs:
         for a, b in zip(runs["minima"] + runs["minima:warmup"], runs["minima-base"] + runs["minima-base:warmup"]):
@@ -142,6 +161,8 @@ def main() -> None:
         print(f"| {name} | {s['decode_tok_s_median']:.2f} | {s['ttft_s_median']:.1f} |")
     if ratio is not None:
         print(f"\nMinima default / Stale disabled decode: {ratio:.2f}x")
+    if sglang_ratio is not None:
+        print(f"Minima default / SGLang's own torch_native decode: {sglang_ratio:.2f}x")
     if agreement:
         print(f"greedy agreement minima vs minima-base: {agreement}")
     if args.json:
@@ -152,7 +173,8 @@ def main() -> None:
             "command": " ".join([Path(sys.executable).name] + sys.argv),
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
             "same_prompt": args.same_prompt,
-            "summary": summary, "minima_over_stale_off": ratio, "greedy_agreement_vs_base": agreement,
+            "summary": summary, "minima_over_stale_off": ratio, "minima_over_sglang": sglang_ratio,
+            "greedy_agreement_vs_base": agreement,
             "runs": runs,
         }, indent=1) + "\n")
 
