@@ -41,8 +41,9 @@ FOCUS = {
     "forward plan (plan_forward)": "plan_forward",
     "lifecycle (flush_pending_backups)": "flush_pending_backups",
     "KV write (set_kv_buffer)": "set_kv_buffer",
-    "model forward (forward_decode of the runner)": "forward_decode",
+    "attention layers (LlamaAttention.forward: projections, rotary, attention)": "LlamaAttention.forward",
     "attention backend (_decode_batch)": "_decode_batch",
+    "the whole forward (ModelRunner.forward)": "ModelRunner.forward",
     "sampling (sample)": "sample",
 }
 
@@ -91,7 +92,13 @@ def main() -> None:
     p.add_argument("--flags", default="", help="more server flags, e.g. --minima-disable-stale")
     p.add_argument("--log-dir", type=Path, default=Path("/tmp/profile_cpu_decode"))
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--resummarize", action="store_true", help="recompute --out's shares from its saved raw samples")
     args = p.parse_args()
+    if args.resummarize:
+        result = json.loads(args.out.read_text())
+        result.update(summarize((args.log_dir / "pyspy.txt").read_text()))
+        _write(args.out, result)
+        return
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
         sys.exit("py-spy is not installed: pip install py-spy")
@@ -134,15 +141,19 @@ def main() -> None:
         }
     finally:
         server.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    _write(args.out, result)
+
+
+def _write(out: Path, result: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# CPU decode profile ({result['prompt_tokens']}-token prompt, {result['samples']} samples, "
              f"{result['decode_tok_s_while_sampling']} tok/s while sampled)", "",
              "| where | % of samples (inclusive) |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in result["focus_inclusive_pct"].items()]
     lines += ["", "| function (self) | % |", "|---|---|"]
     lines += [f"| `{k}` | {v} |" for k, v in list(result["top_self_pct"].items())[:15]]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
