@@ -31,7 +31,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "test"))
 
-from minima_test_support.server import launch
+from minima_test_support.server import launch  # noqa: E402
+from sglang_minima.cpu_engine import setup_cpu_engine  # noqa: E402
+
+setup_cpu_engine()  # before any sglang import; SGLang's own arm inherits it (the minima launcher does its own)
 
 VOCAB_LOW, VOCAB_HIGH = 1000, 40000  # plain-text ids of SmolLM2's 49,152-token vocabulary
 
