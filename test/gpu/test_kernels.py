@@ -391,8 +391,9 @@ def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
     assert bool((pool[untouched] == 0xAB).all())
 
 
+@pytest.mark.parametrize("k_scale,v_scale", [(0.5, 0.25), (0.37, 0.29)])  # powers of two, and scales that round
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
+def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float) -> None:
     from kv_fixtures import fp8_pages, tq3_pages_from
     from minima_kernels import tq3_to_fp8
     from sglang_minima.codec import (
@@ -414,11 +415,11 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
     dst = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
     k_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
     v_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
-    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=0.5, v_scale=0.25)
+    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=k_scale, v_scale=v_scale)
     torch.cuda.synchronize()
     k_rot, v_rot = decode_pages(tq3[src.long()], layout, tq3_codebook(d))
-    ref_k = fp8_quantize(to_original_space(k_rot, rotation), 0.5).transpose(1, 2)
-    ref_v = fp8_quantize(to_original_space(v_rot, rotation), 0.25).transpose(1, 2)
+    ref_k = fp8_quantize(to_original_space(k_rot, rotation), k_scale).transpose(1, 2)
+    ref_v = fp8_quantize(to_original_space(v_rot, rotation), v_scale).transpose(1, 2)
     bad_k = int((k_cache[dst.long()] != ref_k).sum())
     bad_v = int((v_cache[dst.long()] != ref_v).sum())
     print(f"tq3_to_fp8: {bad_k} K and {bad_v} V bytes differ of {ref_k.numel()} each")

@@ -7,10 +7,12 @@ test/gpu/test_kernels.py; inside the store: test/mem_cache/test_kernel_conversio
 it applies: a CUDA store with FP8 hot pages and a power-of-two head dim (the Hadamard rotation), the
 ``gpu`` extra installed.
 
-Promotion (TQ3 -> FP8, rare: a Stale page back in Recent/Anchor) stays on the torch codec: the
-kernel re-quantizes with an IEEE division by the FP8 scale where CUDA torch (and so SGLang's own
-write path) multiplies by its reciprocal: with a scale that is not a power of two, one byte of the
-131,072 first compared differed (test/mem_cache/test_kernel_conversions.py on the H200, 2026-12-02).
+Promotion (TQ3 -> FP8, rare: a Stale page back in Recent/Anchor) stays on the torch codec for now:
+the kernel re-quantized with an IEEE division by the FP8 scale where CUDA torch (and so SGLang's own
+write path) multiplies by its reciprocal, and with a scale that is not a power of two one byte of
+the 131,072 first compared differed (test/mem_cache/test_kernel_conversions.py on the H200,
+2026-12-02). The kernel now multiplies by the reciprocal too; it moves here once its kernel test with
+such a scale has passed on the device.
 """
 
 from __future__ import annotations
