@@ -104,9 +104,10 @@ def main() -> None:
         "minima-stale-off": (minima, ["--minima-disable-stale"], None),
         # SGLang's own CPU path: torch_native attention over a model-dtype (BF16) KV cache, with the
         # model, page size, KV budget and graph flags Minima's launcher gives its own CPU servers
-        "sglang": ("sglang.launch_server", sglang_cpu_flags(), None),
+        "sglang": ("sglang.launch_server", sglang_cpu_flags, None),
     }
-    arms = {k: v for k, v in arms.items() if k in args.arms.split(",")}
+    arms = {k: (module, flags() if callable(flags) else flags, env)
+            for k, (module, flags, env) in arms.items() if k in args.arms.split(",")}
     if args.base_pythonpath:
         path = os.pathsep.join([args.base_pythonpath] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                         if x and "python" not in Path(x).name])

@@ -34,6 +34,7 @@ import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the
 from serve_arms import arms, e2e_device, launch  # noqa: E402
 from trace_summary import SCOPES, summarize_trace  # noqa: E402
 
+
 def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
     """The trace SGLang exports after the profiled steps, once it is complete (a whole gzip stream)."""
     deadline = time.time() + timeout_s

@@ -354,11 +354,6 @@ class PageConversions:
         centroids, _, inv_sqrt_d, _ = self._constants
         return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d)
 
-    def build(self) -> "PageConversions":
-        """Build (or load from TileLang's cache) both kernels now, e.g. before a server serves."""
-        _ = self.encode_kernel, self.decode_kernel
-        return self
-
     def fp8_to_tq3(self, k_cache, v_cache, src_pages, dst_pages, tq3_pages, signs, scales) -> None:
         self.encode_kernel(
             _as_fp8(k_cache), _as_fp8(v_cache), src_pages, dst_pages, signs, scales,

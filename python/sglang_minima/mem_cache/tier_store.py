@@ -290,9 +290,10 @@ class TieredPageStore:
         src = self.page_table.phys[pages].to(torch.int64)
         src_pool.retain(src)
         dst = dst_pool.alloc(n)
+        dst_ids = dst.to(self.device)
         try:
             with scratch.measure() as meter:
-                copy(src, dst.to(self.device))  # every layer
+                copy(src, dst_ids)  # every layer
             self.stats.note_scratch_bytes(meter.peak_bytes)
         except Exception:
             logger.exception("Minima: converting %d pages to format %d failed; they keep their format", n, dst_fmt)
@@ -300,7 +301,7 @@ class TieredPageStore:
             src_pool.release(src)  # the conversion's reference; the mapping keeps each page
             stats.failed_pages += n
             return 0
-        self.page_table.publish(pages, dst_fmt, dst.to(self.device))
+        self.page_table.publish(pages, dst_fmt, dst_ids)
         self.version += 1
         src_pool.release(src)  # the logical pages' mappings moved to dst
         src_pool.release(src)  # the conversion is done
