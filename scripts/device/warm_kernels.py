@@ -7,21 +7,18 @@ serve the tests and the benchmark that follow in the same call. ``--serving``: o
 kernels ``--attention-backend minima`` builds for the device e2e suite's models.
 """
 
-import math
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import flashinfer
 import torch
-from minima_kernels import fp8_to_tq3_kernel, tile_config, tq3_decode_kernel, tq3_merge_splits, tq3_to_fp8_kernel
+from minima_kernels import PageConversions, tile_config, tq3_decode_kernel, tq3_merge_splits
 from minima_kernels.common import key_centroids_fp16
 from minima_kernels.fp8_decode import fp8_decode_kernel
 from minima_kernels.heuristics import fp8_tile_config, fused_build_of
 from minima_kernels.mixed_decode import mixed_decode_kernel
 from minima_kernels.rotation_merge import FP8_STATES, mixed_epilogue_kernel, rotate_queries_kernel
-from sglang_minima.codec import tq3_codebook
-from sglang_minima.codec.rotation import fp32_inv_sqrt
 
 TEST_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 32), (9, 3, 64, 16)]
 BENCH_GEOMETRIES = [(24, 4, 256, 64), (32, 8, 128, 64), (9, 3, 64, 64)]
@@ -44,11 +41,6 @@ def tilelang_jobs(decode_only: bool):
     the decode benchmark (no conversions: the benchmark encodes its TQ3 pools with the torch codec)."""
     for hq, h, d, p in sorted(set(TEST_GEOMETRIES + BENCH_GEOMETRIES)):
         g = hq // h
-        book = tq3_codebook(d)
-        cent = tuple(float(c) for c in book.centroids)
-        thr = tuple(float(t) for t in book.thresholds)
-        inv = fp32_inv_sqrt(d)
-        sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
         # the batch build, the single-request one, test_mixed_decode_with_another_tq3_build's (each once)
         builds = library_tq3_builds(g, p, d)
         if (hq, h, d, p) in TEST_GEOMETRIES:
@@ -89,16 +81,9 @@ def tilelang_jobs(decode_only: bool):
                 ),
             )
         if not decode_only:
-            yield (
-                f"fp8_to_tq3 {h}/{d}/p{p}",
-                lambda h=h, p=p, d=d, cent=cent, thr=thr, inv=inv, s=sqrt_d: fp8_to_tq3_kernel(
-                    h, p, d, cent, thr, inv, s
-                ),
-            )
-            yield (
-                f"tq3_to_fp8 {h}/{d}/p{p}",
-                lambda h=h, p=p, d=d, cent=cent, inv=inv: tq3_to_fp8_kernel(h, p, d, cent, inv),
-            )
+            # the conversions as the memory system builds them (PageConversions holds their constants)
+            yield f"fp8_to_tq3 {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).encode_kernel
+            yield f"tq3_to_fp8 {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).decode_kernel
 
 
 def variant_jobs():
@@ -147,9 +132,9 @@ def flashinfer_jobs():
 
 def serving_jobs():
     """The kernels a server builds for the device e2e suite's models: the decode kernels
-    (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does) and the pool's
-    FP8 -> TQ3 conversion, so its servers find them built."""
-    from minima_kernels import MinimaDecodeWrapper, PageConversions
+    (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does), the pool's
+    conversions and the prefill's FlashInfer modules, so its servers find them built."""
+    from minima_kernels import MinimaDecodeWrapper
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     for hq, h, d, p in SERVING_GEOMETRIES:
@@ -157,8 +142,26 @@ def serving_jobs():
             f"serving decode {hq}/{h}/{d}/p{p}",
             lambda hq=hq, h=h, d=d, p=p: MinimaDecodeWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5).compile(),
         )
-        # the pool's FP8 -> TQ3 conversion (mem_cache/kernel_conversions.py), built when a server's pool is made
+        # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's pool is made
         yield f"serving retier {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).encode_kernel
+        yield f"serving promote {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).decode_kernel
+        # the extend path's two FlashInfer modules (JIT): ragged bf16 and paged FP8 prefill
+        yield f"serving prefill {hq}/{h}/{d}", lambda hq=hq, h=h, d=d, p=p: warm_prefill(workspace, hq, h, d, p)
+
+
+def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int) -> None:
+    """One tiny extend over a hot prefix through MinimaPrefillWrapper: FlashInfer compiles (or loads)
+    both of its modules, the ones a server's first prompt would otherwise wait for."""
+    from minima_kernels.prefill import MinimaPrefillWrapper
+
+    w = MinimaPrefillWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5)
+    i32 = dict(dtype=torch.int32)
+    w.plan(torch.tensor([0, 2], **i32), torch.tensor([0, 3], **i32), torch.arange(3, device="cuda", **i32), None, ())
+    bf16 = dict(dtype=torch.bfloat16, device="cuda")
+    hot = torch.randn(4, 1, h, d, **bf16).to(torch.float8_e4m3fn)
+    w.run(torch.randn(2, hq, d, **bf16), torch.randn(2, h, d, **bf16), torch.randn(2, h, d, **bf16), (hot, hot),
+          None, None, None, None, k_scale=1.0, v_scale=1.0)
+    torch.cuda.synchronize()
 
 
 def main() -> int:
