@@ -3,6 +3,8 @@
 One module per kernel, named for it:
 
 - ``MinimaDecodeWrapper`` (decode.py): mixed FP8 / TQ3 paged decode (plan once per batch shape, run per layer).
+- ``MinimaPrefillWrapper`` (prefill.py): extend / chunked prefill over a mixed prefix (FlashInfer over
+  the new tokens and the FP8 hot prefix, the TQ3 prefix in bounded tiles, one LSE merge).
 - ``mixed_decode_kernel`` (mixed_decode.py): both formats' split partials in one TileLang grid (the default).
 - ``tq3_decode_kernel`` (tq3_decode.py): the TQ3 split-KV decode of the two-launch path; both decodes
   share split_decode.py (the split body) and device_source.py (its inline CUDA).
@@ -22,6 +24,7 @@ import importlib
 
 _EXPORTS = {
     "MinimaDecodeWrapper": "decode",
+    "MinimaPrefillWrapper": "prefill",
     "choose_num_splits": "heuristics",
     "tile_config": "heuristics",
     "fp8_decode_kernel": "fp8_decode",

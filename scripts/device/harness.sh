@@ -2,7 +2,7 @@
 # The device harness: real SGLang 0.5.23 + Minima-KV on an offline GPU machine whose image has
 # torch 2.11 (CUDA 13) but no SGLang, no sglang-kernel and no network.
 #
-#   here:   bash scripts/device/harness.sh prepare      # once; writes .devbundle/p1 .. p5 (~59 MiB each)
+#   here:   bash scripts/device/harness.sh prepare      # once; writes .devbundle/p1 .. p6 (~49 MiB each)
 #                                                       # and .devbundle/extras (RULER's generator, 20 MiB)
 #   there:  bash scripts/device/harness.sh install      # one call per part, carry [".devbundle/pK"],
 #                                                       # back to back while the machine stays warm;
@@ -22,7 +22,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BUNDLE="${MINIMA_BUNDLE:-$ROOT/.devbundle}"
 STASH=/tmp/minima-bundle
-PARTS=${PARTS:-5}
+PARTS=${PARTS:-6}
 
 prepare() {
   rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/stage/wheels" "$BUNDLE/stage/wheelhouse"

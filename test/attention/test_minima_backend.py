@@ -139,3 +139,82 @@ def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypat
     h.pool.store.device_routes.fold(h.pool.stats, wait=True)
     assert h.pool.store.device_routes.totals.cpu().tolist() == expected.tolist()
     assert int(expected[2]) > 0 and h.pool.stats.fallbacks == 0
+
+
+def _fp8_exact(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x rounded to what an FP8 hot page holds (scale a power of two: exact in bf16 too), so the
+    prefill's bf16 new tokens and the torch path's FP8 copies of them are the same numbers."""
+    from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
+
+    return fp8_dequantize(fp8_quantize(x, scale), scale)
+
+
+@pytest.mark.gpu
+def test_kernel_extend_matches_minima_native(monkeypatch):
+    """Extend, chunked prefill over the request's own TQ3 pages, a fresh prompt beside them (no hot
+    prefix: an empty paged state) and a mixed batch (a decode row among extend rows), with FP8
+    scales != 1: the FlashInfer + TQ3-tile prefill against minima_native on the same pool state."""
+    from minima_kernels.prefill import MinimaPrefillWrapper
+
+    h = Harness.real(monkeypatch, device="cuda")
+    store = h.pool.store
+    store.k_scales[:] = [0.5] * len(store.k_scales)
+    store.v_scales[:] = [0.25] * len(store.v_scales)
+    kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
+    plans = []
+    real_plan = MinimaPrefillWrapper.plan
+
+    def spy(self, *args):
+        plans.append(args)
+        return real_plan(self, *args)
+
+    monkeypatch.setattr(MinimaPrefillWrapper, "plan", spy)
+
+    def run(new_tokens, mode):
+        fb = h.batch(new_tokens, mode)
+        h.backend.init_forward_metadata(fb)
+        kernels.init_forward_metadata(fb)
+        t = int(fb.out_cache_loc.numel())
+        for layer in h.layers:
+            q, k, v = h.qkv(t)
+            k, v = _fp8_exact(k, 0.5), _fp8_exact(v, 0.25)
+            want = h.backend.forward(q, k, v, layer, fb)  # writes the new tokens' K/V
+            got = kernels.forward(q, k, v, layer, fb, save_kv_cache=False)
+            assert got.shape == want.shape and got.dtype == q.dtype
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)  # bf16 queries and outputs
+
+    run({1: 3 * PS + 1, 2: 5 * PS + 2}, ForwardMode.EXTEND)  # fresh prompts: the causal part only
+    h.retier_prefix(1, 2, skip_first=1)  # row 1: FP8 sink page, 2 TQ3 pages, FP8 tail
+    h.retier_prefix(2, 4)  # row 2: 4 TQ3 pages, FP8 tail
+    run({1: 20, 2: 7, 3: PS + 5}, ForwardMode.EXTEND)  # next chunks over TQ3 pages; row 3 a fresh prompt
+    run({1: 1, 2: 9, 3: 1}, ForwardMode.MIXED)
+    assert kernels._prefill is not None and h.pool.stats.fallbacks == 0
+    qo, prefix_indptr, _, prefix_rows, tq3 = plans[1]
+    assert qo.tolist() == [0, 20, 27, 27 + PS + 5]
+    assert prefix_indptr.diff().tolist() == [PS + 1, PS + 2, 0]  # sink or FP8 page + the partial page
+    assert prefix_rows is not None and int(prefix_rows.sum()) == 27
+    assert [s.pages.numel() for s in tq3] == [2, 4]
+    assert plans[0][3] is None and plans[0][4] == () and int(plans[0][1][-1]) == 0
+
+
+@pytest.mark.gpu
+def test_an_extend_the_split_refuses_is_attended_by_the_torch_path_and_counted(monkeypatch):
+    import sglang_minima.layers.attention.minima_backend as backend_module
+
+    h = Harness.real(monkeypatch, device="cuda")
+    kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
+
+    def refuse(route, page_size):
+        raise ValueError("a TQ3 page overlaps the new tokens")
+
+    monkeypatch.setattr(backend_module, "plan_extend", refuse)
+    for step in range(2):
+        fb = h.batch({1: PS + 3, 2: 5}, ForwardMode.EXTEND)
+        h.backend.init_forward_metadata(fb)
+        kernels.init_forward_metadata(fb)
+        for layer in h.layers:
+            q, k, v = h.qkv(int(fb.out_cache_loc.numel()))
+            want = h.backend.forward(q, k, v, layer, fb)
+            got = kernels.forward(q, k, v, layer, fb, save_kv_cache=False)
+            torch.testing.assert_close(got, want)  # the torch path itself
+        assert h.pool.stats.fallbacks == step + 1

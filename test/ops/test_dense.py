@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sglang_minima.ops.dense import attend, causal_mask
+from sglang_minima.ops.dense import attend, causal_mask, flash_attend
 
 
 def _naive(q, k, v, sm_scale, mask=None):
@@ -56,3 +56,20 @@ def test_bad_shapes():
             1.0,
             torch.ones(1, 3, dtype=torch.bool),
         )
+
+
+@pytest.mark.parametrize("hq,h", [(4, 4), (8, 2), (6, 1)])
+def test_flash_attend_matches_naive_softmax_gqa(hq, h):
+    q, k, v = torch.randn(5, hq, 64), torch.randn(40, h, 64), torch.randn(40, h, 64)
+    out, lse = flash_attend(q, k, v, 0.1)
+    want_out, want_lse = _naive(q, k, v, 0.1)
+    assert out.shape == (5, hq, 64) and lse.shape == (5, hq)
+    assert torch.allclose(out.double(), want_out, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+
+
+def test_flash_attend_bad_shapes():
+    with pytest.raises(ValueError, match="flash_attend: q"):
+        flash_attend(torch.randn(1, 3, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), 1.0)
+    with pytest.raises(ValueError, match="flash_attend: q"):
+        flash_attend(torch.randn(1, 2, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 16), 1.0)

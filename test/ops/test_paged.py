@@ -81,6 +81,21 @@ def test_tq3_equals_dense_in_rotated_space(tile):
     _close(tq3_paged_attention(q_rot, kv, SM, tile_pages=tile), attend(q_rot, *_tq3_dense_rot(kv), SM))
 
 
+@pytest.mark.parametrize("tile", [1, 3, 16])
+def test_tq3_flash_equals_dense_in_rotated_space(tile):
+    # the prefill's path over the Stale pages before a prompt: no mask, the fused kernel per tile
+    kv, rot = _tq3(10, torch.tensor([7, 2, 9, 0, 4]))
+    q_rot = rot.rotate(torch.randn(9, HQ, D))
+    got = tq3_paged_attention(q_rot, kv, SM, tile_pages=tile, flash=True)
+    _close(got, attend(q_rot, *_tq3_dense_rot(kv), SM))
+
+
+def test_tq3_flash_refuses_a_mask():
+    kv, rot = _tq3(4, torch.tensor([1, 2]), torch.arange(2) * PS)
+    with pytest.raises(ValueError, match="flash attends without a mask"):
+        tq3_paged_attention(torch.randn(1, HQ, D), kv, SM, q_positions=torch.tensor([40]), flash=True)
+
+
 def test_tq3_causal_prefill_over_pages():
     starts = torch.arange(4) * PS
     kv, rot = _tq3(6, torch.tensor([5, 1, 3, 0]), starts)

@@ -46,3 +46,29 @@ def attend(
 def causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
     """bool [T, N]: key j is visible to query i iff k_positions[j] <= q_positions[i]."""
     return k_positions.view(1, -1) <= q_positions.view(-1, 1)
+
+
+def flash_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``attend`` without a mask through torch's fused flash-attention kernel (no [T, N] score
+    matrix, so a long prompt's queries can meet a large tile of keys): same shapes and result up to
+    rounding. On CUDA the operands go in as bf16 (the kernel's input dtype), on CPU as fp32.
+    """
+    t, hq, d = q.shape
+    n, h, dk = k.shape
+    if dk != d or v.shape != k.shape or hq % h != 0:
+        raise ValueError(f"flash_attend: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
+    g = hq // h
+    dtype = torch.bfloat16 if q.device.type == "cuda" else torch.float32
+    # With nothing masked every query row is independent, so a GQA group's queries can stack along
+    # the sequence axis of their KV head: [1, H, T*g, D] against [1, H, N, D], no K/V expansion.
+    qs = q.to(dtype).view(t, h, g, d).transpose(0, 1).reshape(1, h, t * g, d)
+    ks = k.to(dtype).transpose(0, 1).unsqueeze(0).contiguous()
+    vs = v.to(dtype).transpose(0, 1).unsqueeze(0).contiguous()
+    note_scratch(qs, ks, vs)
+    if q.device.type == "cuda":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs, 0.0, False, False, scale=sm_scale)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, False, scale=sm_scale)
+    out = out.view(h, t, g, d).transpose(0, 1).reshape(t, hq, d).to(torch.float32)
+    lse = lse.view(h, t, g).transpose(0, 1).reshape(t, hq).to(torch.float32) * LOG2E  # natural log -> base 2
+    return out, lse

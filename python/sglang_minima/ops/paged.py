@@ -22,7 +22,7 @@ from ..codec.fp8 import Scale, fp8_dequantize
 from ..codec.layout import TQ3PageLayout
 from ..codec.rotation import LayerRotation
 from ..codec.tq3 import decode_page_keys, decode_pages
-from .dense import attend, causal_mask
+from .dense import attend, causal_mask, flash_attend
 from .merge import merge_attention_states
 from .scratch import note as note_scratch
 
@@ -156,13 +156,22 @@ def tq3_paged_attention(
     sm_scale: float,
     q_positions: torch.Tensor | None = None,
     tile_pages: int = DEFAULT_TILE_PAGES,
+    *,
+    flash: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q' = R q [T, Hq, D] (ROTATED, see LayerRotation.rotate) over TQ3 pages
-    -> (out' fp32 [T, Hq, D] in the ROTATED space, lse base 2 [T, Hq])."""
+    -> (out' fp32 [T, Hq, D] in the ROTATED space, lse base 2 [T, Hq]).
+
+    ``flash``: every query sees every page (a prompt over the Stale pages before it), attended per
+    tile by the fused kernel (``flash_attend``) instead of an explicit score matrix.
+    """
     _check_causal(q_positions, kv.page_starts, "tq3_paged_attention")
+    if flash and q_positions is not None:
+        raise ValueError("tq3_paged_attention: flash attends without a mask; pass no q_positions")
     out, lse = _empty_state(q_rot, kv.layout.head_dim)
     for t in kv_tiles(kv, tile_pages, q_positions):
-        out, lse = merge_attention_states(out, lse, *attend(q_rot, t.k, t.v, sm_scale, t.mask))
+        part = flash_attend(q_rot, t.k, t.v, sm_scale) if flash else attend(q_rot, t.k, t.v, sm_scale, t.mask)
+        out, lse = merge_attention_states(out, lse, *part)
     return out, lse
 
 

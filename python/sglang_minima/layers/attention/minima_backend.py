@@ -3,8 +3,10 @@
 Decode batches run ``minima_kernels.MinimaDecodeWrapper``: one plan per step from the forward plan
 (``forward_plan.plan_forward``: the per-format CSR page lists ``minima_native``'s batched decode
 reads too; only the op differs), then one launch sequence per layer over the pool's FP8 hot pages
-and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill and mixed batches take
-``minima_native``'s torch path (the FlashInfer prefill over a mixed prefix is issue #16's next step).
+and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill and mixed batches run
+``minima_kernels.MinimaPrefillWrapper`` over ``plan.plan_extend``'s split of ``minima_native``'s
+routes: FlashInfer over the new tokens (causal) and the FP8 hot prefix, the TQ3 prefix in bounded
+tiles, one LSE merge; a batch the split refuses takes the torch path and counts as a fallback.
 
 Eager steps plan on the host (``MinimaDecodeWrapper.plan``: the page counts pick the fastest path,
 a host sync per step). Decode batches up to SGLang's ``--cuda-graph-max-bs`` run as CUDA graphs
@@ -17,7 +19,7 @@ rows. Its route counters are summed on the device (mem_cache/device_routes.py). 
 may pick is built when the wrapper is made (``MinimaDecodeWrapper.compile``), at the first decode
 of SGLang's start-up warm-up. An eager decode step the kernels cannot serve (head dims that are not
 a power of two, GQA groups or page sizes they were not built for) is attended by the torch path and
-counted as a fallback (``sglang:minima_fallbacks_total``); such a model cannot be captured, and its
+counted as a fallback (``sglang:minima_fallbacks_total``, one per step); such a model cannot be captured, and its
 capture stops the server naming the flag. Scratch is measured on the torch path only: the kernels
 decode in registers and shared memory, but the wrapper's split buffers are not counted in
 ``sglang:minima_peak_scratch_bytes`` yet.
@@ -32,7 +34,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang_minima.layers.attention.forward_plan import plan_forward
-from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend
+from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
+from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_extend
+from sglang_minima.ops import scratch
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -61,10 +65,85 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self._wrapper = None  # built at the first decode layer: its head counts, dtype and scale are the layer's
         self._wrapper_key: tuple | None = None
         self._planned: bool | None = None  # this step: not planned yet, planned, or refused by the kernels
+        self._prefill = None  # the extend wrapper, built at the first extend layer (its shapes are the layer's)
+        self._prefill_key: tuple | None = None
+        self._extend: ExtendPlan | None = None  # this extend step's split, None: the torch path attends it
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         super().init_forward_metadata(forward_batch)
         self._planned = None  # planned at this step's first layer, once its shapes are known
+        self._extend = None
+        route = self.forward_metadata
+        if isinstance(route, BatchRoute) and route.requests and not self._score_pages:
+            try:
+                self._extend = plan_extend(route, self.token_to_kv_pool.page_size)
+            except ValueError as e:  # this step only: the torch path masks by position
+                logger.warning("minima: extend step on the torch path: %s", e)
+
+    # ------------------------------------------------------------------ extend / prefill
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+        **kwargs,
+    ) -> torch.Tensor:
+        prefill = self._prefill_for(q, layer) if self._extend is not None and k is not None else None
+        if prefill is None:
+            if layer.layer_id == self._last_layer_id and isinstance(self.forward_metadata, BatchRoute):
+                self.token_to_kv_pool.note_fallback()  # once per step: the torch path attended this batch
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        check_layer(layer)
+        if save_kv_cache:
+            self._write_kv(layer, forward_batch, k, v)
+        pool, lid, plan = self.token_to_kv_pool, self._pool_layer(layer), self._extend
+        if self._planned is None:
+            with torch.profiler.record_function("minima.kernel_plan"):
+                prefill.plan(plan.qo_indptr, plan.prefix_indptr, plan.prefix_slots, plan.prefix_rows, self._tq3_segments(plan))
+            self._planned = True
+        h, d = pool.head_num, pool.head_dim
+        hot = (
+            pool.hot_k_buffer(lid).view(torch.float8_e4m3fn).view(-1, 1, h, d),
+            pool.hot_v_buffer(lid).view(torch.float8_e4m3fn).view(-1, 1, h, d),
+        )
+        with scratch.measure() as meter, torch.profiler.record_function("minima.prefill_kernels"):
+            o = prefill.run(
+                q.view(-1, layer.tp_q_head_num, layer.qk_head_dim), k.view(-1, h, d), v.view(-1, h, d), hot,
+                pool.tq3_buffer(lid), pool.layout, pool.codebook, pool.rotation(lid),
+                k_scale=pool.k_scale(lid), v_scale=pool.v_scale(lid),
+            )
+        pool.note_scratch_bytes(meter.peak_bytes)
+        return o.to(q.dtype).reshape(o.shape[0], -1)
+
+    @staticmethod
+    def _tq3_segments(plan: ExtendPlan):
+        from minima_kernels.prefill import Tq3Segment
+
+        return tuple(Tq3Segment(r.q_start, r.q_len, r.tq3_pages) for r in plan.tq3_requests)
+
+    def _prefill_for(self, q: torch.Tensor, layer: RadixAttention):
+        """The extend wrapper for this layer's shapes, or None where FlashInfer does not build for them."""
+        pool = self.token_to_kv_pool
+        q_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        key = (layer.tp_q_head_num, pool.head_num, pool.head_dim, pool.page_size, float(layer.scaling), q_dtype)
+        if self._prefill_key != key:
+            try:
+                from minima_kernels.prefill import MinimaPrefillWrapper
+
+                self._prefill = MinimaPrefillWrapper(
+                    self._workspace, layer.tp_q_head_num, pool.head_num, pool.head_dim, pool.page_size,
+                    sm_scale=float(layer.scaling), q_dtype=q_dtype,
+                )
+            except (ValueError, NotImplementedError, RuntimeError) as e:
+                logger.warning("minima: extend on the torch path, the prefill does not build for %s: %s", key, e)
+                self._prefill = None
+            self._prefill_key = key
+            self._planned = None
+        return self._prefill
 
     # ------------------------------------------------------------------ CUDA graphs (decode)
 

@@ -192,16 +192,19 @@ class MinimaNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool,
     ) -> torch.Tensor:
-        _check_layer(layer)
+        check_layer(layer)
         if save_kv_cache and k is not None and v is not None:
-            # New tokens land in hot pages: the pool translates logical slots to hot physical slots.
-            self.token_to_kv_pool.set_kv_buffer(
-                layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer_id_override=self._pool_layer(layer)
-            )
+            self._write_kv(layer, forward_batch, k, v)
         with scratch.measure() as meter:
             o = self._attend(q, layer)
         self.token_to_kv_pool.note_scratch_bytes(meter.peak_bytes)
         return o
+
+    def _write_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
+        # New tokens land in hot pages: the pool translates logical slots to hot physical slots.
+        self.token_to_kv_pool.set_kv_buffer(
+            layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer_id_override=self._pool_layer(layer)
+        )
 
     def _attend(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
         """This layer's attention output [T, Hq * Dv] (q's dtype) over the pool's pages."""
@@ -285,7 +288,7 @@ class MinimaNativeAttnBackend(AttentionBackend):
             mass.index_add_(0, route.tq3_page_starts // page_size, tq3_mass)
 
 
-def _check_layer(layer: RadixAttention) -> None:
+def check_layer(layer: RadixAttention) -> None:
     """Reject attention variants this backend does not implement (rather than compute them wrong)."""
     if layer.is_cross_attention or layer.attn_type != AttentionType.DECODER:
         raise NotImplementedError("minima_native supports causal decoder self-attention only")

@@ -189,3 +189,76 @@ def plan_batch(
         )
         q_start += int(q_len)
     return BatchRoute(requests=tuple(routes))
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """An extend, chunked-prefill or mixed batch as the GPU prefill reads it (``plan_extend``).
+
+    Three disjoint key sets per request, each attended by every one of its queries as noted, then
+    merged by LSE: its new tokens (causal, the forward's own K/V, as SGLang's flashinfer backend
+    attends them), the hot tokens before them (all visible: one token per "page", the hot buffers'
+    physical slots) and its TQ3 pages (all visible: a TQ3 page is sealed, so it precedes every
+    query of the request).
+    """
+
+    qo_indptr: torch.Tensor
+    """int32 [B + 1] on the host: query rows (= new tokens) per request."""
+    prefix_indptr: torch.Tensor
+    """int32 [B + 1] on the host: hot prefix tokens per request."""
+    prefix_slots: torch.Tensor
+    """int32 [prefix_indptr[-1]], on the pool's device: their physical slots, in position order."""
+    prefix_rows: torch.Tensor | None
+    """bool [T] on the device: the query rows whose request has a hot prefix; None when all do."""
+    tq3_requests: tuple[RequestRoute, ...]
+    """The requests that read TQ3 pages."""
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.prefix_indptr[-1])
+
+
+def plan_extend(route: BatchRoute, page_size: int) -> ExtendPlan:
+    """Split each request's keys into new tokens, hot prefix and TQ3 pages (see ExtendPlan).
+
+    The new tokens are the last ``q_len`` hot tokens: SGLang writes them to pages the allocator
+    maps hot, and a page being filled is never converted. Raises ValueError where a TQ3 page does
+    not lie wholly before the request's queries (then this plan would let queries see their future).
+    """
+    requests = route.requests
+    device = requests[0].hot_slots.device if requests else torch.device("cpu")
+    q_lens = [r.q_len for r in requests]
+    prefix_lens = [r.num_hot_tokens - r.q_len for r in requests]
+    for r, n in zip(requests, prefix_lens):
+        if n < 0:
+            raise ValueError(f"an extend's {r.q_len} new tokens are not all on hot pages ({r.num_hot_tokens} hot tokens)")
+    tq3 = tuple(r for r in requests if r.num_tq3_pages)
+    if tq3:  # one host read for the batch: where each request's last TQ3 page ends
+        ends = torch.stack([r.tq3_page_starts[-1] for r in tq3]).tolist()
+        for r, start in zip(tq3, ends):
+            if start + page_size > r.kv_len - r.q_len:
+                raise ValueError(
+                    f"a TQ3 page (positions {start}..{start + page_size - 1}) overlaps the new tokens "
+                    f"of a request at {r.kv_len - r.q_len}..{r.kv_len - 1}"
+                )
+    prefix_slots = [r.hot_slots[:n] for r, n in zip(requests, prefix_lens)]
+    prefix_rows = None
+    if any(n == 0 for n in prefix_lens) and any(prefix_lens):
+        prefix_rows = torch.repeat_interleave(
+            torch.tensor([n > 0 for n in prefix_lens], device=device), torch.tensor(q_lens, device=device)
+        )
+    return ExtendPlan(
+        qo_indptr=_indptr(q_lens),
+        prefix_indptr=_indptr(prefix_lens),
+        prefix_slots=(torch.cat(prefix_slots) if prefix_slots else torch.zeros(0, dtype=torch.int64, device=device)).to(
+            torch.int32
+        ),
+        prefix_rows=prefix_rows,
+        tq3_requests=tq3,
+    )
+
+
+def _indptr(lengths: Sequence[int]) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.tensor(list(lengths), dtype=torch.int32).cumsum(0)
+    return out

@@ -1,0 +1,143 @@
+"""Extend, chunked prefill and mixed batches over Minima's mixed FP8 / TQ3 cache.
+
+Per request, three disjoint key sets, each attended by all of the request's queries as noted, merged
+by LSE (base 2):
+
+- its new tokens, causal, from the forward's own K/V: FlashInfer's ragged prefill, as SGLang's
+  flashinfer backend attends an extend's new tokens (so the prompt's own tokens are attended as
+  precisely as in SGLang's FP8-KV serving);
+- its hot prefix (Recent and Anchor tokens before the new ones), all visible: FlashInfer's paged
+  prefill over the FP8 hot buffers with one token per "page" (the physical slots), SGLang's layout
+  for its own paged prefill, so both wrappers are the JIT modules SGLang's FP8 arm builds too;
+- its TQ3 pages, all visible (a TQ3 page is sealed, so it precedes every query of the request): in
+  the rotated space, ``tile_tokens`` at a time decoded by the torch codec and attended by torch's
+  fused flash kernel (``sglang_minima.ops``), so the scratch is one tile, never the prefix.
+
+``plan()`` takes the host-side split (``sglang_minima.layers.attention.plan.plan_extend``) once per
+forward step and plans both FlashInfer wrappers from host index pointers (no device read);
+``run()`` launches one layer's attention. Prefill is eager (SGLang captures no extend graphs here).
+"""
+
+from dataclasses import dataclass
+
+import flashinfer
+import torch
+from sglang_minima.codec.codebook import Codebook
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.ops.merge import merge_attention_states
+from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
+
+DEFAULT_TILE_TOKENS = 4096
+"""TQ3 tokens decoded at once per request (K and V fp32 plus their bf16 copies: 12 bytes per element)."""
+
+
+@dataclass(frozen=True)
+class Tq3Segment:
+    """One request's TQ3 pages and the query rows that attend them."""
+
+    q_start: int
+    q_len: int
+    pages: torch.Tensor  # int64 physical TQ3 page ids, on the device
+
+
+class MinimaPrefillWrapper:
+    """FlashInfer over the new tokens and the FP8 hot prefix, torch over the TQ3 prefix, one merge.
+
+    One object per layer geometry (query heads, KV heads, head dim, page size, scale, query dtype);
+    ``workspace`` is FlashInfer's float workspace (shared with the decode: a forward is one or the other).
+    """
+
+    def __init__(
+        self,
+        workspace: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        sm_scale: float,
+        q_dtype: torch.dtype = torch.bfloat16,
+        tile_tokens: int = DEFAULT_TILE_TOKENS,
+    ):
+        if num_qo_heads % num_kv_heads:
+            raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        if q_dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"the prefill takes bf16 or fp16 queries, got {q_dtype}")
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.page_size, self.sm_scale, self.q_dtype = page_size, float(sm_scale), q_dtype
+        self.tile_pages = max(1, tile_tokens // page_size)
+        self.device = workspace.device
+        # SGLang's choices on Hopper (flashinfer_backend.py): ragged "auto", paged "fa2"
+        self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="auto")
+        self._paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+        self._has_prefix = False
+        self._prefix_rows: torch.Tensor | None = None
+        self._tq3: tuple[Tq3Segment, ...] = ()
+        self._num_tokens = 0
+
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        prefix_indptr: torch.Tensor,
+        prefix_slots: torch.Tensor,
+        prefix_rows: torch.Tensor | None,
+        tq3: tuple[Tq3Segment, ...],
+    ) -> None:
+        """Index pointers int32 [B + 1] on the host (queries, hot prefix tokens per request);
+        ``prefix_slots`` int32 on the device (the prefix tokens' physical hot slots); ``prefix_rows``
+        bool [T] (rows whose request has a hot prefix, None: all or none do)."""
+        if qo_indptr.device.type != "cpu" or prefix_indptr.device.type != "cpu":
+            raise ValueError("plan() takes the index pointers on the host (a device read per step otherwise)")
+        h, hk, d = self.num_qo_heads, self.num_kv_heads, self.head_dim
+        self._num_tokens = int(qo_indptr[-1])
+        self._ragged.plan(
+            qo_indptr, qo_indptr, h, hk, d, causal=True, sm_scale=self.sm_scale, q_data_type=self.q_dtype,
+        )
+        self._has_prefix = int(prefix_indptr[-1]) > 0
+        if self._has_prefix:
+            batch = qo_indptr.numel() - 1
+            self._paged.plan(
+                qo_indptr, prefix_indptr, prefix_slots, torch.ones(batch, dtype=torch.int32), h, hk, d, 1,
+                causal=False, sm_scale=self.sm_scale, q_data_type=self.q_dtype,
+                kv_data_type=torch.float8_e4m3fn,
+            )
+        self._prefix_rows = prefix_rows
+        self._tq3 = tuple(tq3)
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        hot_kv_cache: tuple[torch.Tensor, torch.Tensor],
+        tq3_buffer: torch.Tensor,
+        layout: TQ3PageLayout,
+        codebook: Codebook,
+        rotation: LayerRotation,
+        *,
+        k_scale: float,
+        v_scale: float,
+    ) -> torch.Tensor:
+        """q [T, Hq, D], the new tokens' k, v [T, H, D] (q's dtype), the FP8 hot buffers (e4m3,
+        ``[slots, 1, H, D]``) and the layer's TQ3 pages -> out [T, Hq, D] in q's dtype."""
+        if q.shape[0] != self._num_tokens:
+            raise ValueError(f"q has {q.shape[0]} rows, the plan {self._num_tokens}")
+        q = q.to(self.q_dtype).contiguous()
+        out, lse = self._ragged.run(q, k.to(self.q_dtype).contiguous(), v.to(self.q_dtype).contiguous(), return_lse=True)
+        if not self._has_prefix and not self._tq3:
+            return out
+        out = out.to(torch.float32)
+        if self._has_prefix:
+            out_p, lse_p = self._paged.run(q, hot_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+            if self._prefix_rows is not None:  # a request without a hot prefix: an empty state, whatever was written
+                lse_p = lse_p.masked_fill(~self._prefix_rows.unsqueeze(-1), float("-inf"))
+            out, lse = merge_attention_states(out, lse, out_p, lse_p)
+        for seg in self._tq3:
+            rows = slice(seg.q_start, seg.q_start + seg.q_len)
+            kv = Tq3PagedKV(tq3_buffer, seg.pages, layout, codebook)
+            out_rot, lse_t = tq3_paged_attention(
+                rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
+            )
+            out[rows], lse[rows] = merge_attention_states(out[rows], lse[rows], rotation.unrotate(out_rot, head_axis=-2), lse_t)
+        return out.to(self.q_dtype)

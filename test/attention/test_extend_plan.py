@@ -1,0 +1,141 @@
+"""plan_extend: an extend batch split into new tokens, hot prefix and TQ3 pages, and the split is
+exact: attending the three sets as ExtendPlan says (causal, all, all) and merging by LSE gives what
+the causal mixed attention over every key gives (the torch reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.layers.attention.plan import plan_batch, plan_extend
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.ops.dense import attend, causal_mask
+from sglang_minima.ops.merge import merge_attention_states
+from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention, tq3_paged_attention
+
+PS, H, HQ, D = 16, 2, 4, 64
+SM = D**-0.5
+N_PAGES = 24  # logical = physical pages per format in these tables
+
+
+def _batch(reqs: list[tuple[int, int, list[bool]]]):
+    """reqs: (kv_len, q_len, is_tq3 per whole page before the queries) -> the page table, req_to_token
+    and the batch's route. Logical page i of request j is its own; TQ3 and hot physical pages differ."""
+    fmt = torch.zeros(N_PAGES * 4, dtype=torch.int8)
+    phys = torch.zeros(N_PAGES * 4, dtype=torch.int32)
+    req_to_token = torch.zeros(len(reqs) + 1, N_PAGES * PS, dtype=torch.int32)
+    next_logical, next_hot, next_tq3 = 0, 1, 0
+    for row, (kv_len, _, tq3_flags) in enumerate(reqs, start=1):
+        for page in range(-(-kv_len // PS)):
+            lp = next_logical
+            next_logical += 1
+            if page < len(tq3_flags) and tq3_flags[page]:
+                fmt[lp], phys[lp] = FMT_TQ3, next_tq3
+                next_tq3 += 1
+            else:
+                fmt[lp], phys[lp] = FMT_HOT, next_hot
+                next_hot += 1
+            n = min(PS, kv_len - page * PS)
+            req_to_token[row, page * PS : page * PS + n] = torch.arange(lp * PS, lp * PS + n)
+    route = plan_batch(
+        req_to_token, list(range(1, len(reqs) + 1)), [r[0] for r in reqs], [r[1] for r in reqs], fmt, phys, PS
+    )
+    return route, next_hot, next_tq3
+
+
+def test_prefix_slots_rows_and_tq3_requests():
+    # request 0: pages 0 (hot sink), 1 (TQ3), 2 (hot, queries 40..43 start in it); request 1: no prefix
+    route, *_ = _batch([(44, 4, [False, True]), (5, 5, [])])
+    plan = plan_extend(route, PS)
+    assert plan.qo_indptr.tolist() == [0, 4, 9]
+    assert plan.prefix_indptr.tolist() == [0, 24, 24]  # 16 sink + 8 tokens of page 2 before the queries
+    a = route.requests[0]
+    assert torch.equal(plan.prefix_slots.long(), a.hot_slots[:24])
+    assert plan.prefix_slots.dtype == torch.int32
+    assert plan.prefix_rows.tolist() == [True] * 4 + [False] * 5
+    assert plan.tq3_requests == (a,)
+    assert plan.num_prefix_tokens == 24
+
+
+def test_no_prefix_rows_mask_when_every_request_has_one_or_none():
+    assert plan_extend(_batch([(20, 4, []), (30, 2, [])])[0], PS).prefix_rows is None
+    plan = plan_extend(_batch([(4, 4, []), (7, 7, [])])[0], PS)
+    assert plan.prefix_rows is None and plan.num_prefix_tokens == 0 and plan.prefix_slots.numel() == 0
+
+
+def test_refuses_a_tq3_page_under_the_queries():
+    # page 1 (positions 16..31) is TQ3 but the request's queries start at 20
+    route, *_ = _batch([(32, 12, [False, True])])
+    with pytest.raises(ValueError, match="overlaps the new tokens"):
+        plan_extend(route, PS)
+
+
+def test_refuses_new_tokens_off_hot_pages():
+    route, *_ = _batch([(32, 32, [True])])  # plan_request accepts it; a prefill's queries cannot be TQ3
+    with pytest.raises(ValueError, match="not all on hot pages|overlaps"):
+        plan_extend(route, PS)
+
+
+def _buffers(n_hot: int, n_tq3: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    k8, v8 = torch.randn(n_hot * PS, H, D, generator=g), torch.randn(n_hot * PS, H, D, generator=g)
+    layout, rot, cb = TQ3PageLayout(H, PS, D), LayerRotation(H, D, layer_id=1), tq3_codebook(D)
+    k3, v3 = torch.randn(max(n_tq3, 1), H, PS, D, generator=g), torch.randn(max(n_tq3, 1), H, PS, D, generator=g)
+    return fp8_quantize(k8, 0.5), fp8_quantize(v8, 0.25), encode_pages(k3, v3, layout, rot, cb), layout, rot, cb
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 5), st.integers(0, PS - 1), st.integers(1, 40), st.lists(st.booleans(), max_size=5)),
+        min_size=1,
+        max_size=3,
+    ),
+    st.integers(0, 100),
+)
+def test_three_sets_merged_equal_the_causal_mixed_attention(shapes, seed):
+    reqs = []
+    for full_pages, extra, q_len, flags in shapes:
+        prefix = full_pages * PS + extra  # tokens before the queries
+        sealed = prefix // PS  # whole pages before the first query: the only ones that may be TQ3
+        reqs.append((prefix + q_len, q_len, [f for f in flags[:sealed]]))
+    route, n_hot, n_tq3 = _batch(reqs)
+    plan = plan_extend(route, PS)
+    kb, vb, tq3_buf, layout, rot, cb = _buffers(n_hot, n_tq3, seed)
+    q = torch.randn(int(plan.qo_indptr[-1]), HQ, D, generator=torch.Generator().manual_seed(seed))
+
+    for i, r in enumerate(route.requests):
+        rows = slice(r.q_start, r.q_start + r.q_len)
+        qr = q[rows]
+        hot = HotPagedKV(kb, vb, r.hot_slots, r.hot_positions, 0.5, 0.25)
+        tq3 = Tq3PagedKV(tq3_buf, r.tq3_pages, layout, cb, r.tq3_page_starts)
+        want = mixed_paged_attention(qr, hot, tq3, rot, SM, r.q_positions)
+
+        # the new tokens, causal among themselves (here read back from the hot pages)
+        new = r.hot_slots[r.num_hot_tokens - r.q_len :]
+        k_new, v_new = fp8_dequantize(kb[new], 0.5), fp8_dequantize(vb[new], 0.25)
+        pos = torch.arange(r.q_len)
+        got = attend(qr, k_new, v_new, SM, causal_mask(pos, pos))
+        # the hot prefix, all visible
+        lo, hi = int(plan.prefix_indptr[i]), int(plan.prefix_indptr[i + 1])
+        if hi > lo:
+            slots = plan.prefix_slots[lo:hi].long()
+            got = merge_attention_states(*got, *attend(qr, fp8_dequantize(kb[slots], 0.5), fp8_dequantize(vb[slots], 0.25), SM))
+        assert (plan.prefix_rows is None and (hi > lo or plan.num_prefix_tokens == 0)) or (
+            plan.prefix_rows is not None and bool((plan.prefix_rows[rows] == (hi > lo)).all())
+        )
+        # the TQ3 pages, all visible, through the fused kernel per tile
+        if r in plan.tq3_requests:
+            out_rot, lse = tq3_paged_attention(rot.rotate(qr, head_axis=-2), Tq3PagedKV(tq3_buf, r.tq3_pages, layout, cb), SM, tile_pages=2, flash=True)
+            got = merge_attention_states(*got, rot.unrotate(out_rot, head_axis=-2), lse)
+        else:
+            assert r.num_tq3_pages == 0
+        assert torch.allclose(got[0], want[0], atol=3e-5), float((got[0] - want[0]).abs().max())
+        assert torch.allclose(got[1], want[1], atol=3e-5), float((got[1] - want[1]).abs().max())

@@ -1,0 +1,158 @@
+"""MinimaPrefillWrapper's plumbing on CPU: its two FlashInfer wrappers replaced by a stand-in that
+follows their contract (plan from host index pointers; ragged: causal within each request's new
+tokens; paged: every listed slot visible; out in q's dtype, base-2 LSE [T, Hq]), the TQ3 part and the
+merges real. Against the torch reference (mixed_paged_attention, causal by position) on the same
+keys. On the device, test/attention/test_minima_backend.py runs the real FlashInfer."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import pytest
+import torch
+
+from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
+from sglang_minima.codec.layout import TQ3PageLayout
+from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.ops.dense import attend, causal_mask
+from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention
+
+H, HQ, D, PS = 2, 4, 64, 16
+SM = D**-0.5
+K_SCALE, V_SCALE = 0.5, 0.25
+
+
+class _Ragged:
+    def __init__(self, workspace, layout, backend):
+        assert layout == "NHD"
+
+    def plan(self, qo_indptr, kv_indptr, hq, h, d, *, causal, sm_scale, q_data_type):
+        assert qo_indptr.device.type == "cpu" and causal
+        self.indptr, self.sm = qo_indptr.tolist(), sm_scale
+
+    def run(self, q, k, v, return_lse):
+        out, lse = torch.zeros_like(q), torch.zeros(q.shape[:2])
+        for a, b in zip(self.indptr, self.indptr[1:]):
+            pos = torch.arange(b - a)
+            o, s = attend(q[a:b], k[a:b], v[a:b], self.sm, causal_mask(pos, pos))
+            out[a:b], lse[a:b] = o.to(q.dtype), s
+        return out, lse
+
+
+class _Paged:
+    def __init__(self, workspace, layout, backend):
+        assert layout == "NHD"
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, hq, h, d, page_size, *, causal, sm_scale,
+             q_data_type, kv_data_type):
+        assert qo_indptr.device.type == kv_indptr.device.type == "cpu" and page_size == 1 and not causal
+        assert last_page_len.tolist() == [1] * (qo_indptr.numel() - 1)
+        self.qo, self.kv, self.slots, self.sm = qo_indptr.tolist(), kv_indptr.tolist(), kv_indices.long(), sm_scale
+
+    def run(self, q, kv_cache, k_scale, v_scale, return_lse):
+        k_cache, v_cache = kv_cache
+        out = torch.full_like(q, float("nan"))  # rows without keys: whatever the kernel leaves
+        lse = torch.full(q.shape[:2], 7.0)
+        for i, (a, b) in enumerate(zip(self.qo, self.qo[1:])):
+            s = self.slots[self.kv[i] : self.kv[i + 1]]
+            if s.numel():
+                k = fp8_dequantize(k_cache[s, 0], k_scale)
+                v = fp8_dequantize(v_cache[s, 0], v_scale)
+                o, l = attend(q[a:b], k, v, self.sm)
+                out[a:b], lse[a:b] = o.to(q.dtype), l
+        return out, lse
+
+
+@pytest.fixture
+def prefill(monkeypatch):
+    fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=_Ragged, BatchPrefillWithPagedKVCacheWrapper=_Paged)
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.delitem(sys.modules, "minima_kernels.prefill", raising=False)
+    module = importlib.import_module("minima_kernels.prefill")
+    yield module
+    sys.modules.pop("minima_kernels.prefill", None)
+
+
+def _setup(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    layout, rot, cb = TQ3PageLayout(H, PS, D), LayerRotation(H, D, layer_id=3), tq3_codebook(D)
+    k8 = fp8_quantize(torch.randn(200, H, D, generator=g), K_SCALE)
+    v8 = fp8_quantize(torch.randn(200, H, D, generator=g), V_SCALE)
+    tq3 = encode_pages(torch.randn(6, H, PS, D, generator=g), torch.randn(6, H, PS, D, generator=g), layout, rot, cb)
+    return g, layout, rot, cb, k8, v8, tq3
+
+
+def test_three_parts_merged_equal_the_torch_reference(prefill):
+    g, layout, rot, cb, k8, v8, tq3 = _setup()
+    # request 0: hot sink 0..15 (slots 100..115), TQ3 pages 16..47 (ids 4, 1), hot 48..52, new 53..59
+    # request 1: a fresh prompt of 6 tokens (slots 150..155): no hot prefix, no TQ3
+    # request 2: TQ3 page 0..15 (id 5), new 16..19 (slots 60..63): no hot prefix
+    reqs = [
+        dict(hot=list(range(100, 116)) + list(range(116, 121)), new=list(range(121, 128)), tq3=[4, 1], tq3_at=16),
+        dict(hot=[], new=list(range(150, 156)), tq3=[], tq3_at=0),
+        dict(hot=[], new=list(range(60, 64)), tq3=[5], tq3_at=0),
+    ]
+    q_lens = [len(r["new"]) for r in reqs]
+    q = torch.randn(sum(q_lens), HQ, D, generator=g).to(torch.bfloat16)
+    # the new tokens' K/V as the forward hands them: the FP8 pages' values, so both paths see the same keys
+    new_slots = torch.tensor([s for r in reqs for s in r["new"]])
+    k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
+    v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
+
+    w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, D, PS, sm_scale=SM, tile_tokens=PS)
+    qo = torch.tensor([0, 7, 13, 17], dtype=torch.int32)
+    prefix = torch.tensor([0, 21, 21, 21], dtype=torch.int32)
+    rows = torch.tensor([True] * 7 + [False] * 10)
+    segs = (prefill.Tq3Segment(0, 7, torch.tensor([4, 1])), prefill.Tq3Segment(13, 4, torch.tensor([5])))
+    w.plan(qo, prefix, torch.tensor(reqs[0]["hot"], dtype=torch.int32), rows, segs)
+    hot = (k8.view(-1, 1, H, D), v8.view(-1, 1, H, D))
+    got = w.run(q, k_new, v_new, hot, tq3, layout, cb, rot, k_scale=K_SCALE, v_scale=V_SCALE)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape and not got.isnan().any()
+
+    start = 0
+    for r in reqs:
+        n = len(r["new"])
+        hot_slots = torch.tensor(r["hot"] + r["new"], dtype=torch.int64)
+        tq3_tokens = PS * len(r["tq3"])
+        positions = torch.cat([torch.arange(len(r["hot"]) - 5), torch.arange(5) + tq3_tokens + len(r["hot"]) - 5]) \
+            if r["tq3"] and r["hot"] else torch.arange(len(r["hot"])) + tq3_tokens
+        hot_pos = torch.cat([positions, torch.arange(n) + tq3_tokens + len(r["hot"])])
+        q_pos = hot_pos[-n:]
+        want, _ = mixed_paged_attention(
+            q[start : start + n].float(),
+            HotPagedKV(k8, v8, hot_slots, hot_pos, K_SCALE, V_SCALE),
+            Tq3PagedKV(tq3, torch.tensor(r["tq3"], dtype=torch.int64), layout, cb,
+                       torch.arange(len(r["tq3"]), dtype=torch.int64) * PS + r["tq3_at"]),
+            rot, SM, q_pos,
+        )
+        torch.testing.assert_close(got[start : start + n].float(), want, atol=2e-2, rtol=2e-2)
+        start += n
+
+
+def test_no_prefix_and_no_tq3_is_the_causal_part_alone(prefill):
+    g, layout, rot, cb, k8, v8, tq3 = _setup(1)
+    w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, D, PS, sm_scale=SM)
+    w.plan(torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32),
+           torch.zeros(0, dtype=torch.int32), None, ())
+    q = torch.randn(5, HQ, D, generator=g).to(torch.bfloat16)
+    k, v = torch.randn(5, H, D, generator=g).to(torch.bfloat16), torch.randn(5, H, D, generator=g).to(torch.bfloat16)
+    got = w.run(q, k, v, (k8.view(-1, 1, H, D), v8.view(-1, 1, H, D)), tq3, layout, cb, rot, k_scale=1.0, v_scale=1.0)
+    want, _ = attend(q.float(), k.float(), v.float(), SM, causal_mask(torch.arange(5), torch.arange(5)))
+    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+
+
+def test_refuses_device_index_pointers_and_a_mismatched_q(prefill):
+    w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, D, PS, sm_scale=SM)
+    with pytest.raises(ValueError, match="index pointers on the host"):
+        w.plan(torch.tensor([0, 3], dtype=torch.int32, device="meta"), torch.tensor([0, 0], dtype=torch.int32),
+               torch.zeros(0, dtype=torch.int32), None, ())
+    w.plan(torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32),
+           torch.zeros(0, dtype=torch.int32), None, ())
+    with pytest.raises(ValueError, match="q has 4 rows, the plan 3"):
+        w.run(torch.zeros(4, HQ, D), None, None, None, None, None, None, None, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        prefill.MinimaPrefillWrapper(torch.empty(0), 3, 2, D, PS, sm_scale=SM)
