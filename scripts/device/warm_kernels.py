@@ -104,9 +104,10 @@ def variant_jobs():
             )
 
 
-def flashinfer_jobs():
+def flashinfer_jobs(geometries=BENCH_GEOMETRIES):
+    """FlashInfer's decode modules (JIT): FP8 and bf16 KV, with and without tensor cores."""
     workspace = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    for hq, h, d, _ in BENCH_GEOMETRIES:
+    for hq, h, d, _ in geometries:
         for dtype, tensor_cores in ((torch.float8_e4m3fn, True), (torch.bfloat16, True), (torch.float8_e4m3fn, False)):
 
             def build(hq=hq, h=h, d=d, dtype=dtype, tensor_cores=tensor_cores):
@@ -130,14 +131,14 @@ def flashinfer_jobs():
             yield f"flashinfer {hq}/{h}/{d} {dtype} tensor_cores={tensor_cores}", build
 
 
-def serving_jobs():
+def serving_jobs(geometries=SERVING_GEOMETRIES):
     """The kernels a server builds for the device e2e suite's models: the decode kernels
     (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does), the pool's
     conversions and the prefill's FlashInfer modules, so its servers find them built."""
     from minima_kernels import MinimaDecodeWrapper
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    for hq, h, d, p in SERVING_GEOMETRIES:
+    for hq, h, d, p in geometries:
         yield (
             f"serving decode {hq}/{h}/{d}/p{p}",
             lambda hq=hq, h=h, d=d, p=p: MinimaDecodeWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5).compile(),
@@ -167,7 +168,14 @@ def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int) -> No
 def main() -> int:
     t0 = time.time()
     if "--serving" in sys.argv:
-        jobs = list(serving_jobs())
+        # --geometries HQ/H/D/P,...: only these (e.g. 9/3/64/64, SmolLM2's), with the FlashInfer decode
+        # modules SGLang's own FP8 arm loads, so both kinds of server start warm
+        if "--geometries" in sys.argv:
+            spec = sys.argv[sys.argv.index("--geometries") + 1]
+            geometries = [tuple(int(x) for x in g.split("/")) for g in spec.split(",")]
+            jobs = list(serving_jobs(geometries)) + list(flashinfer_jobs(geometries))
+        else:
+            jobs = list(serving_jobs())
     elif "--variants-only" in sys.argv:  # for bench_decode.py --variants-only
         jobs = list(variant_jobs())
     else:

@@ -213,6 +213,8 @@ class FakeLayer:
     sliding_window_size: int = -1
     logit_cap: float = 0.0
     attn_type: AttentionType = AttentionType.DECODER
+    k_scale_float: float | None = None  # a checkpoint's FP8 KV scales (RadixAttention's), None: 1
+    v_scale_float: float | None = None
 
     def __post_init__(self) -> None:
         self.v_head_dim = self.v_head_dim or self.qk_head_dim

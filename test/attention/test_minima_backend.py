@@ -157,9 +157,8 @@ def test_kernel_extend_matches_minima_native(monkeypatch):
     from minima_kernels.prefill import MinimaPrefillWrapper
 
     h = Harness.real(monkeypatch, device="cuda")
-    store = h.pool.store
-    store.k_scales[:] = [0.5] * len(store.k_scales)
-    store.v_scales[:] = [0.25] * len(store.v_scales)
+    for layer in h.layers:  # the scales a checkpoint gives its layers: every write and read uses them
+        layer.k_scale_float, layer.v_scale_float = 0.5, 0.25
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
     plans = []
     real_plan = MinimaPrefillWrapper.plan
@@ -178,7 +177,8 @@ def test_kernel_extend_matches_minima_native(monkeypatch):
         for layer in h.layers:
             q, k, v = h.qkv(t)
             k, v = _fp8_exact(k, 0.5), _fp8_exact(v, 0.25)
-            want = h.backend.forward(q, k, v, layer, fb)  # writes the new tokens' K/V
+            # each backend its own copy: SGLang's FP8 write divides k and v by the scales in place
+            want = h.backend.forward(q, k.clone(), v.clone(), layer, fb)  # writes the new tokens' K/V
             got = kernels.forward(q, k, v, layer, fb, save_kv_cache=False)
             assert got.shape == want.shape and got.dtype == q.dtype
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)  # bf16 queries and outputs
@@ -195,6 +195,7 @@ def test_kernel_extend_matches_minima_native(monkeypatch):
     assert prefix_rows is not None and int(prefix_rows.sum()) == 27
     assert [s.pages.numel() for s in tq3] == [2, 4]
     assert plans[0][3] is None and plans[0][4] == () and int(plans[0][1][-1]) == 0
+    assert h.pool.k_scale(0) == 0.5 and h.pool.v_scale(1) == 0.25
 
 
 @pytest.mark.gpu

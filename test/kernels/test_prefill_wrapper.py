@@ -67,13 +67,16 @@ class _Paged:
         return out, lse
 
 
-@pytest.fixture
-def prefill(monkeypatch):
+@pytest.fixture(params=["standin", pytest.param("cuda", marks=pytest.mark.gpu)])
+def prefill(request, monkeypatch):
+    """(minima_kernels.prefill, device): over the FlashInfer stand-in on CPU, or the real one on CUDA."""
+    if request.param == "cuda":
+        yield importlib.import_module("minima_kernels.prefill"), torch.device("cuda")
+        return
     fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=_Ragged, BatchPrefillWithPagedKVCacheWrapper=_Paged)
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     monkeypatch.delitem(sys.modules, "minima_kernels.prefill", raising=False)
-    module = importlib.import_module("minima_kernels.prefill")
-    yield module
+    yield importlib.import_module("minima_kernels.prefill"), torch.device("cpu")
     sys.modules.pop("minima_kernels.prefill", None)
 
 
@@ -87,6 +90,7 @@ def _setup(seed=0):
 
 
 def test_three_parts_merged_equal_the_torch_reference(prefill):
+    prefill, dev = prefill
     g, layout, rot, cb, k8, v8, tq3 = _setup()
     # request 0: hot sink 0..15 (slots 100..115), TQ3 pages 16..47 (ids 4, 1), hot 48..52, new 53..59
     # request 1: a fresh prompt of 6 tokens (slots 150..155): no hot prefix, no TQ3
@@ -103,15 +107,16 @@ def test_three_parts_merged_equal_the_torch_reference(prefill):
     k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
     v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
 
-    w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, D, PS, sm_scale=SM, tile_tokens=PS)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=PS)
     qo = torch.tensor([0, 7, 13, 17], dtype=torch.int32)
     prefix = torch.tensor([0, 21, 21, 21], dtype=torch.int32)
-    rows = torch.tensor([True] * 7 + [False] * 10)
-    segs = (prefill.Tq3Segment(0, 7, torch.tensor([4, 1])), prefill.Tq3Segment(13, 4, torch.tensor([5])))
-    w.plan(qo, prefix, torch.tensor(reqs[0]["hot"], dtype=torch.int32), rows, segs)
-    hot = (k8.view(-1, 1, H, D), v8.view(-1, 1, H, D))
-    got = w.run(q, k_new, v_new, hot, tq3, layout, cb, rot, k_scale=K_SCALE, v_scale=V_SCALE)
+    rows = torch.tensor([True] * 7 + [False] * 10, device=dev)
+    segs = (prefill.Tq3Segment(0, 7, torch.tensor([4, 1], device=dev)), prefill.Tq3Segment(13, 4, torch.tensor([5], device=dev)))
+    w.plan(qo, prefix, torch.tensor(reqs[0]["hot"], dtype=torch.int32, device=dev), rows, segs)
+    hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
+    got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot, k_scale=K_SCALE, v_scale=V_SCALE)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape and not got.isnan().any()
+    got = got.cpu()
 
     start = 0
     for r in reqs:
@@ -134,18 +139,34 @@ def test_three_parts_merged_equal_the_torch_reference(prefill):
 
 
 def test_no_prefix_and_no_tq3_is_the_causal_part_alone(prefill):
+    prefill, dev = prefill
     g, layout, rot, cb, k8, v8, tq3 = _setup(1)
-    w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, D, PS, sm_scale=SM)
-    w.plan(torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32),
-           torch.zeros(0, dtype=torch.int32), None, ())
-    q = torch.randn(5, HQ, D, generator=g).to(torch.bfloat16)
-    k, v = torch.randn(5, H, D, generator=g).to(torch.bfloat16), torch.randn(5, H, D, generator=g).to(torch.bfloat16)
-    got = w.run(q, k, v, (k8.view(-1, 1, H, D), v8.view(-1, 1, H, D)), tq3, layout, cb, rot, k_scale=1.0, v_scale=1.0)
-    want, _ = attend(q.float(), k.float(), v.float(), SM, causal_mask(torch.arange(5), torch.arange(5)))
-    torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM)
+    w.plan(torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 0, 0], dtype=torch.int32),
+           torch.zeros(0, dtype=torch.int32, device=dev), None, ())
+    q = torch.randn(12, HQ, D, generator=g).to(torch.bfloat16)
+    k, v = torch.randn(12, H, D, generator=g).to(torch.bfloat16), torch.randn(12, H, D, generator=g).to(torch.bfloat16)
+    hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
+    got = w.run(q.to(dev), k.to(dev), v.to(dev), hot, tq3.to(dev), layout, cb, rot, k_scale=1.0, v_scale=1.0).cpu()
+    for a, b in ((0, 5), (5, 12)):  # two prompts, each causal on its own
+        pos = torch.arange(b - a)
+        want, _ = attend(q[a:b].float(), k[a:b].float(), v[a:b].float(), SM, causal_mask(pos, pos))
+        torch.testing.assert_close(got[a:b].float(), want, atol=1e-2, rtol=1e-2)
+
+
+def _workspace(dev: torch.device) -> torch.Tensor:
+    return torch.empty(128 << 20 if dev.type == "cuda" else 0, dtype=torch.uint8, device=dev)
+
+
+def _fp8(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The hot buffers as the backend hands them over: e4m3 on CUDA (FlashInfer's dtype), the bits elsewhere."""
+    return x.to(dev).view(torch.float8_e4m3fn) if dev.type == "cuda" else x
 
 
 def test_refuses_device_index_pointers_and_a_mismatched_q(prefill):
+    prefill, dev = prefill
+    if dev.type == "cuda":
+        pytest.skip("the checks run before any kernel: the stand-in case covers them")
     w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, D, PS, sm_scale=SM)
     with pytest.raises(ValueError, match="index pointers on the host"):
         w.plan(torch.tensor([0, 3], dtype=torch.int32, device="meta"), torch.tensor([0, 0], dtype=torch.int32),

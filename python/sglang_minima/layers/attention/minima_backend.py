@@ -98,8 +98,6 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
                 self.token_to_kv_pool.note_fallback()  # once per step: the torch path attended this batch
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         check_layer(layer)
-        if save_kv_cache:
-            self._write_kv(layer, forward_batch, k, v)
         pool, lid, plan = self.token_to_kv_pool, self._pool_layer(layer), self._extend
         if self._planned is None:
             with torch.profiler.record_function("minima.kernel_plan"):
@@ -117,6 +115,8 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
                 k_scale=pool.k_scale(lid), v_scale=pool.v_scale(lid),
             )
         pool.note_scratch_bytes(meter.peak_bytes)
+        if save_kv_cache:  # after the attention, which reads k and v themselves: the FP8 write divides them by the scales in place
+            self._write_kv(layer, forward_batch, k, v)
         return o.to(q.dtype).reshape(o.shape[0], -1)
 
     @staticmethod

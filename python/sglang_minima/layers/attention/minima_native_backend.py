@@ -201,9 +201,12 @@ class MinimaNativeAttnBackend(AttentionBackend):
         return o
 
     def _write_kv(self, layer: RadixAttention, forward_batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor) -> None:
-        # New tokens land in hot pages: the pool translates logical slots to hot physical slots.
+        # New tokens land in hot pages: the pool translates logical slots to hot physical slots. The
+        # layer's FP8 scales as floats (a checkpoint's KV scales; None: 1), so the write reads no tensor back.
         self.token_to_kv_pool.set_kv_buffer(
-            layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer_id_override=self._pool_layer(layer)
+            layer, KVWriteLoc(forward_batch.out_cache_loc), k, v,
+            getattr(layer, "k_scale_float", None), getattr(layer, "v_scale_float", None),
+            layer_id_override=self._pool_layer(layer),
         )
 
     def _attend(self, q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
