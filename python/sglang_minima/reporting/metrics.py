@@ -86,7 +86,7 @@ class MinimaMetrics:
         self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no hot page was free.")
         self.route_pages = counter("route_pages", "Pages attended per format.", ("format",))
         self.route_tokens = counter("route_tokens", "Tokens attended per format.", ("format",))
-        self.fallbacks = counter("fallbacks", "Decode steps the GPU kernels handed to the torch path.")
+        self.fallbacks = counter("fallbacks", "Forward steps the GPU kernels handed to the torch path.")
         self.prefix_hit_pages = counter("prefix_hit_pages", "Prefix-cache hit pages by format.", ("format",))
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
 
