@@ -67,7 +67,6 @@ class MinimaPrefillWrapper:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.sm_scale, self.q_dtype = page_size, float(sm_scale), q_dtype
         self.tile_pages = max(1, tile_tokens // page_size)
-        self.device = workspace.device
         # SGLang's choices on Hopper (flashinfer_backend.py): ragged "auto", paged "fa2"
         self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="auto")
         self._paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")

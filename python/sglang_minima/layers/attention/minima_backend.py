@@ -127,17 +127,12 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
 
     def _prefill_for(self, q: torch.Tensor, layer: RadixAttention):
         """The extend wrapper for this layer's shapes, or None where FlashInfer does not build for them."""
-        pool = self.token_to_kv_pool
-        q_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        key = (layer.tp_q_head_num, pool.head_num, pool.head_dim, pool.page_size, float(layer.scaling), q_dtype)
+        key = self._kernel_key(q, layer)
         if self._prefill_key != key:
             try:
                 from minima_kernels.prefill import MinimaPrefillWrapper
 
-                self._prefill = MinimaPrefillWrapper(
-                    self._workspace, layer.tp_q_head_num, pool.head_num, pool.head_dim, pool.page_size,
-                    sm_scale=float(layer.scaling), q_dtype=q_dtype,
-                )
+                self._prefill = self._make_wrapper(MinimaPrefillWrapper, key)
             except (ValueError, NotImplementedError, RuntimeError) as e:
                 logger.warning("minima: extend on the torch path, the prefill does not build for %s: %s", key, e)
                 self._prefill = None
@@ -231,17 +226,12 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
 
     def _wrapper_for(self, q: torch.Tensor, layer: RadixAttention):
         """The decode wrapper for this layer's shapes, or None where the kernels do not build for them."""
-        pool = self.token_to_kv_pool
-        q_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        key = (q.shape[1], pool.head_num, pool.head_dim, pool.page_size, float(layer.scaling), q_dtype)
+        key = self._kernel_key(q, layer)
         if self._wrapper_key != key:
             try:
                 from minima_kernels import MinimaDecodeWrapper
 
-                self._wrapper = MinimaDecodeWrapper(
-                    self._workspace, q.shape[1], pool.head_num, pool.head_dim, pool.page_size,
-                    sm_scale=float(layer.scaling), q_dtype=q_dtype,
-                )
+                self._wrapper = self._make_wrapper(MinimaDecodeWrapper, key)
             except (ValueError, NotImplementedError) as e:
                 logger.warning("minima: decode on the torch path, the kernels do not build for %s: %s", key, e)
                 self._wrapper = None
@@ -254,3 +244,14 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             self._wrapper_key = key
             self._planned = None
         return self._wrapper
+
+    def _kernel_key(self, q: torch.Tensor, layer: RadixAttention) -> tuple:
+        """What a kernel wrapper is built for: (query heads, KV heads, head dim, page size, scale, query dtype)."""
+        pool = self.token_to_kv_pool
+        q_dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        return (layer.tp_q_head_num, pool.head_num, pool.head_dim, pool.page_size, float(layer.scaling), q_dtype)
+
+    def _make_wrapper(self, cls, key: tuple):
+        """MinimaDecodeWrapper or MinimaPrefillWrapper for ``_kernel_key``'s geometry (they share the workspace)."""
+        num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, q_dtype = key
+        return cls(self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype)
