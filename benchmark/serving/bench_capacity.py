@@ -1,17 +1,31 @@
-"""Minima-KV vs SGLang's plain path at the same KV memory budget, served side by side on CPU.
+"""Arms side by side at one KV byte budget: how many tokens each admits, and how it serves them.
 
-For each arm the script derives --max-total-tokens from one byte budget and the arm's bytes per
-token (all layers, K+V, metadata included), starts the server, runs
-``python -m sglang.bench_serving --dataset-name generated-shared-prefix`` against it while polling
-/metrics for the number of running requests, reads the page mix from /server_info, and stops it.
+For each arm the script derives ``--max-total-tokens`` from one byte budget and the arm's KV bytes
+per token (all layers, K+V, Minima's metadata and page padding included: the cell size SGLang
+sizes its pool with), starts the server, and runs ``python -m sglang.bench_serving`` against it once
+per round (``--max-concurrency`` 8,24: two rounds on the same server, in order) while polling
+/metrics for running and queued requests; after each round it reads the page mix and Minima's
+counters from /server_info. The device is the e2e launcher's (``MINIMA_E2E_DEVICE``: cpu unless set;
+the device harness sets cuda), so the same command measures the CPU and the GPU paths.
 
-Arms:
-  sglang        SGLang 0.5.23's own path (torch_native attention, KV in the model dtype).
-  minima-fp8    Minima with Stale disabled: every page FP8 (what SGLang's FP8 KV would hold).
-  minima        Minima with the default tiers (Recent/Anchor FP8, Stale TQ3).
-  minima-lean   Minima with only a few FP8 pages (--minima-fp8-page-fraction as given).
+Arms (``--arms``):
+  sglang-fp8    SGLang 0.5.23's own FP8 KV: flashinfer, --kv-cache-dtype fp8_e4m3 (GPU; the baseline there)
+  sglang        SGLang's own path in the model dtype (torch_native on CPU: the baseline there)
+  minima-fp8    Minima with Stale disabled: every page FP8
+  minima        Minima's defaults (Recent/Anchor FP8, Stale TQ3)
+  minima-defer  Minima with --minima-defer-prefill-conversion (no prefill chunk reads its own prompt's TQ3 pages)
+  minima-lean   Minima with only a few FP8 pages (--minima-fp8-page-fraction --lean-fraction)
 
-Usage: .venv/bin/python benchmark/serving/bench_capacity.py --budget-mib 96 [--out docs/results]
+Workloads (``--dataset``): ``gsp`` is bench_serving's generated-shared-prefix (``--num-groups``
+groups of ``--prompts-per-group`` prompts sharing a ``--system-prompt-len`` system prompt); ``random``
+is random-ids prompts of exactly ``--input-len`` tokens (``--num-prompts`` per round, default: the
+round's concurrency). ``--model`` takes a model directory or a random-weight geometry of
+test/minima_test_support/dummy_models.py (e.g. ``llama3-8b-class``, served with --load-format dummy).
+
+  .venv/bin/python benchmark/serving/bench_capacity.py --budget-mib 96 --max-concurrency 8,32   # CPU
+  # the H200 (device harness): long context at equal KV bytes, non-binding then capacity-bound
+  python3 benchmark/serving/bench_capacity.py --model llama3-8b-class --dataset random --input-len 32768 \\
+      --output-len 256 --budget-mib 20480 --max-concurrency 8,24 --arms sglang-fp8,minima-fp8,minima --out $OUT
 """
 
 from __future__ import annotations
@@ -22,37 +36,31 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import requests
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "test"))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
-from sglang_minima.cpu_engine import setup_cpu_engine  # noqa: E402
+import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU, before any sglang import)
+from serve_arms import Arm, e2e_device, launch, resolve_model  # noqa: E402
 
-setup_cpu_engine()  # before any sglang import; the plain SGLang arm inherits it too
-
-from minima_test_support.server import launch  # noqa: E402
-
-from sglang_minima.config import MinimaConfig  # noqa: E402
+from sglang_minima.config import parse_minima_argv, split_minima_argv  # noqa: E402
 from sglang_minima.mem_cache.tier_store import minima_cell_size  # noqa: E402
-from sglang_minima.models import ensure_default_model  # noqa: E402
 
-
-@dataclass
-class Arm:
-    name: str
-    module: str
-    flags: list[str]
-    minima: dict | None  # MinimaConfig overrides; None = SGLang's own path
+BASELINES = ("sglang-fp8", "sglang")
+"""The arm ratios are taken against: the first of these that ran."""
 
 
 @dataclass
 class ArmResult:
     arm: str
+    clients: int
+    num_prompts: int
     bytes_per_token: float
     max_total_tokens: int
     startup_s: float
@@ -60,18 +68,41 @@ class ArmResult:
     output_throughput: float
     request_throughput: float
     mean_ttft_ms: float
+    median_ttft_ms: float
     p99_ttft_ms: float
     mean_tpot_ms: float
     duration_s: float
     peak_running_requests: int
+    peak_queued_requests: int
+    output_tokens_retokenized: int = -1
+    """Output tokens as the client got them back: 0 when the server rejected every request (an input
+    longer than the arm's capacity), although bench_serving counts those requests as completed."""
     minima: dict = field(default_factory=dict)
+    """/server_info's Minima section after the round (counters cumulative since the server started)."""
+    counters: dict = field(default_factory=dict)
+    """Minima's counters over this round alone (``COUNTERS``)."""
+
+
+COUNTERS = {
+    "converted": lambda s: s["retier"]["pages"],
+    "promoted": lambda s: s["promote"]["pages"],
+    "pressure_converted": lambda s: s["pressure_retier_pages"],
+    "hot_page_reads": lambda s: s["route_hot_pages"],
+    "tq3_page_reads": lambda s: s["route_tq3_pages"],
+    "fallbacks": lambda s: s["fallbacks"],
+}
+"""Per-round figures from MinimaStats.as_dict(): each the difference of the cumulative counter."""
 
 
 def model_geometry(model_dir: Path) -> dict:
+    """The tiered KV's geometry: a hybrid model (Qwen3.6's) keeps KV in its full-attention layers only."""
     cfg = json.loads((model_dir / "config.json").read_text())
     heads = cfg["num_attention_heads"]
+    layers = cfg["num_hidden_layers"]
+    if "full_attention_interval" in cfg:
+        layers //= cfg["full_attention_interval"]
     return {
-        "num_layers": cfg["num_hidden_layers"],
+        "num_layers": layers,
         "num_kv_heads": cfg.get("num_key_value_heads", heads),
         "head_dim": cfg.get("head_dim", cfg["hidden_size"] // heads),
     }
@@ -82,134 +113,206 @@ def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int) -> int
     import torch
 
     dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    if arm.minima is None:
-        return 2 * geometry["num_kv_heads"] * geometry["head_dim"] * dtype_bytes * geometry["num_layers"]
-    return minima_cell_size(MinimaConfig(**arm.minima), page_size=page_size, model_dtype_bytes=dtype_bytes,
-                            **geometry)
+    if arm.module != "sglang_minima.launch_server":
+        flags = arm.flags
+        fp8 = "--kv-cache-dtype" in flags and flags[flags.index("--kv-cache-dtype") + 1].startswith("fp8")
+        return 2 * geometry["num_kv_heads"] * geometry["head_dim"] * (1 if fp8 else dtype_bytes) * geometry["num_layers"]
+    config = parse_minima_argv(split_minima_argv(arm.flags)[0])
+    return minima_cell_size(config, page_size=page_size, model_dtype_bytes=dtype_bytes, **geometry)
 
 
-def arms(lean_fraction: float) -> list[Arm]:
-    plain = ["--attention-backend", "torch_native"]
-    return [
-        Arm("sglang", "sglang.launch_server", plain, None),
-        Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"], {"disable_stale": True}),
-        Arm("minima", "sglang_minima.launch_server", [], {}),
-        Arm("minima-lean", "sglang_minima.launch_server",
-            ["--minima-fp8-page-fraction", str(lean_fraction)], {"fp8_page_fraction": lean_fraction}),
-    ]
+def arms(device: str, lean_fraction: float) -> dict[str, Arm]:
+    known = serve_arms.arms(device)
+    lean = known["minima"].flags + ["--minima-fp8-page-fraction", str(lean_fraction)]
+    chosen = {
+        "sglang": Arm("sglang", known["sglang-bf16"].module, known["sglang-bf16"].flags),
+        "minima-fp8": known["minima-fp8"],
+        "minima": known["minima"],
+        "minima-defer": known["minima-defer"],
+        "minima-lean": Arm("minima-lean", "sglang_minima.launch_server", lean),
+    }
+    if device != "cpu":
+        chosen["sglang-fp8"] = known["sglang-fp8"]
+    return chosen
 
 
-def poll_running(url: str, stop: threading.Event, peak: list[int]) -> None:
-    while not stop.is_set():
-        try:
-            text = requests.get(url + "/metrics", timeout=5).text
-            for line in text.splitlines():
-                if line.startswith("sglang:num_running_reqs"):
-                    peak[0] = max(peak[0], int(float(line.split()[-1])))
-        except requests.RequestException:
-            pass
-        stop.wait(0.5)
+class Poller:
+    """Peak running and queued requests (SGLang's /metrics gauges), sampled every half second."""
+
+    def __init__(self, url: str):
+        self.url, self.peak_running, self.peak_queued = url, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for line in requests.get(self.url + "/metrics", timeout=5).text.splitlines():
+                    if line.startswith("sglang:num_running_reqs"):
+                        self.peak_running = max(self.peak_running, int(float(line.split()[-1])))
+                    elif line.startswith("sglang:num_queue_reqs"):
+                        self.peak_queued = max(self.peak_queued, int(float(line.split()[-1])))
+            except requests.RequestException:
+                pass
+            self._stop.wait(0.5)
 
 
-def run_arm(arm: Arm, args, model_dir: Path, geometry: dict, work: Path) -> ArmResult:
+def workload_args(args, clients: int, num_prompts: int) -> list[str]:
+    if args.dataset == "gsp":
+        return ["--dataset-name", "generated-shared-prefix",
+                "--gsp-num-groups", str(args.num_groups), "--gsp-prompts-per-group", str(args.prompts_per_group),
+                "--gsp-system-prompt-len", str(args.system_prompt_len),
+                "--gsp-question-len", str(args.question_len), "--gsp-output-len", str(args.output_len),
+                "--num-prompts", str(num_prompts), "--max-concurrency", str(clients)]
+    return ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
+            "--num-prompts", str(num_prompts), "--max-concurrency", str(clients)]
+
+
+def rounds(args) -> list[tuple[int, int]]:
+    """(clients, prompts) per bench_serving run."""
+    clients = [int(c) for c in str(args.max_concurrency).split(",")]
+    if args.dataset == "gsp":
+        return [(c, args.num_groups * args.prompts_per_group) for c in clients]
+    prompts = [int(p) for p in args.num_prompts.split(",")] if args.num_prompts else clients
+    if len(prompts) != len(clients):
+        raise SystemExit(f"--num-prompts gives {len(prompts)} rounds, --max-concurrency {len(clients)}")
+    return list(zip(clients, prompts))
+
+
+def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: dict, work: Path) -> list[ArmResult]:
     per_token = bytes_per_token(arm, geometry, args.dtype, args.page_size)
     tokens = int(args.budget_mib * 2**20 // per_token) // args.page_size * args.page_size
-    common = ["--model-path", str(model_dir), "--device", "cpu", "--dtype", args.dtype,
+    common = ["--model-path", str(model_dir), *model_flags, "--dtype", args.dtype,
               "--page-size", str(args.page_size), "--max-total-tokens", str(tokens),
-              "--max-running-requests", str(args.max_running_requests), "--enable-metrics",
-              "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
-    server = launch(common + arm.flags, work / f"{arm.name}.log", module=arm.module)
+              "--max-running-requests", str(args.max_running_requests), "--enable-metrics", *args.server_args]
+    if e2e_device() == "cpu":  # no graphs on CPU (the SGLang arms' own flags say so already)
+        cpu = {"--device": "cpu", "--cuda-graph-backend-decode": "disabled", "--cuda-graph-backend-prefill": "disabled"}
+        common += [x for flag, value in cpu.items() if flag not in arm.flags for x in (flag, value)]
+    server = launch(common + arm.flags, work / f"{arm.name}.log", env=arm.env, module=arm.module)
+    results, before = [], None
     try:
-        stop, peak = threading.Event(), [0]
-        poller = threading.Thread(target=poll_running, args=(server.url, stop, peak), daemon=True)
-        poller.start()
-        out_file = work / f"{arm.name}.jsonl"
-        cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
-               "--base-url", server.url, "--tokenizer", str(model_dir),
-               "--dataset-name", "generated-shared-prefix",
-               "--gsp-num-groups", str(args.num_groups), "--gsp-prompts-per-group", str(args.prompts_per_group),
-               "--gsp-system-prompt-len", str(args.system_prompt_len),
-               "--gsp-question-len", str(args.question_len), "--gsp-output-len", str(args.output_len),
-               "--num-prompts", str(args.num_groups * args.prompts_per_group),
-               "--max-concurrency", str(args.max_concurrency), "--output-file", str(out_file),
-               "--seed", "1", "--disable-tqdm"]
-        subprocess.run(cmd, check=True, stdout=open(work / f"{arm.name}.bench.log", "w"),
-                       stderr=subprocess.STDOUT, env={**os.environ, "HOME": str(work)})
-        stop.set()
-        poller.join()
-        bench = json.loads(out_file.read_text().strip().splitlines()[-1])
-        info = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
-        return ArmResult(
-            arm=arm.name, bytes_per_token=per_token, max_total_tokens=info.get("max_total_num_tokens", tokens),
-            startup_s=server.startup_s, completed=bench["completed"],
-            output_throughput=bench["output_throughput"], request_throughput=bench["request_throughput"],
-            mean_ttft_ms=bench["mean_ttft_ms"], p99_ttft_ms=bench["p99_ttft_ms"],
-            mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
-            peak_running_requests=peak[0], minima=info.get("minima", {}),
-        )
+        for clients, num_prompts in tqdm(rounds(args), desc=arm.name, leave=False):
+            out_file = work / f"{arm.name}-c{clients}.jsonl"
+            out_file.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
+                   "--tokenizer", str(model_dir), *workload_args(args, clients, num_prompts),
+                   "--output-file", str(out_file), "--seed", "1", "--disable-tqdm"]
+            with Poller(server.url) as poll, open(work / f"{arm.name}-c{clients}.bench.log", "w") as log:
+                # bench_serving caches its prompts under ~/.cache
+                subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HOME": str(work)})
+            bench = json.loads(out_file.read_text().strip().splitlines()[-1])
+            state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
+            minima = state.get("minima", {})
+            counters = {}
+            if minima:
+                now = {k: f(minima["stats"]) for k, f in COUNTERS.items()}
+                counters = {k: v - (before or {}).get(k, 0) for k, v in now.items()}
+                before = now
+            results.append(ArmResult(
+                arm=arm.name, clients=clients, num_prompts=num_prompts, bytes_per_token=per_token,
+                max_total_tokens=state.get("max_total_num_tokens", tokens),
+                startup_s=server.startup_s, completed=bench["completed"],
+                output_throughput=bench["output_throughput"], request_throughput=bench["request_throughput"],
+                mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
+                p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
+                peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
+                output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
+                minima=minima, counters=counters,
+            ))
     finally:
         server.stop()
+    return results
 
 
-def render(results: list[ArmResult], args) -> str:
-    base = next(r for r in results if r.arm == "sglang")
-    fp8 = next((r for r in results if r.arm == "minima-fp8"), None)
+def render(results: list[ArmResult]) -> str:
+    """One row per round and arm; "x base" is the ratio to the round's baseline arm (BASELINES),
+    "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
-        "| arm | bytes/token | logical tokens | x SGLang | x FP8 | peak running | out tok/s | req/s | mean TTFT ms "
-        "| p99 TTFT ms | mean TPOT ms | pages at end FP8/TQ3 | converted (step/pressure) | prefix-hit pages FP8/TQ3 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| clients | prompts | arm | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
+        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | converted | TQ3 page reads | fallbacks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        mix = conv = hits = "-"
-        if r.minima:
-            rows, stats = r.minima["memory"]["rows"], r.minima["stats"]
-            hot = sum(rows[k]["pages"] for k in ("recent", "anchor", "hot_other", "held_hot"))
-            mix = f"{hot}/{rows['stale']['pages'] + rows['held_tq3']['pages']}"
-            conv = f"{stats['retier']['pages']}/{stats['pressure_retier_pages']}"
-            hits = f"{stats['prefix_hit_hot_pages']}/{stats['prefix_hit_tq3_pages']}"
-        x_fp8 = f"{r.max_total_tokens / fp8.max_total_tokens:.2f}" if fp8 else "-"
+        same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
+        base = next((b for name in BASELINES for b in same if b.arm == name), r)
+        c = r.counters
+        arm = r.arm + (" (no output: every request rejected)" if r.output_tokens_retokenized == 0 else "")
         lines.append(
-            f"| {r.arm} | {r.bytes_per_token:.0f} | {r.max_total_tokens} | {r.max_total_tokens / base.max_total_tokens:.2f} "
-            f"| {x_fp8} | {r.peak_running_requests} | {r.output_throughput:.1f} | {r.request_throughput:.2f} "
-            f"| {r.mean_ttft_ms:.0f} | {r.p99_ttft_ms:.0f} | {r.mean_tpot_ms:.0f} | {mix} | {conv} | {hits} |")
+            f"| {r.clients} | {r.num_prompts} | {arm} | {r.bytes_per_token:,.0f} | {r.max_total_tokens:,} "
+            f"| {r.max_total_tokens / base.max_total_tokens:.2f} | {r.peak_running_requests} | {r.peak_queued_requests} "
+            f"| {r.output_throughput:,.1f} | {r.output_throughput / base.output_throughput:.2f} "
+            f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
+            f"| {base.mean_tpot_ms / r.mean_tpot_ms:.2f} | {c.get('converted', '-')} "
+            f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-mib", type=float, default=96.0, help="KV bytes given to every arm")
+    ap.add_argument("--model", help="model directory or a dummy geometry (default: the embedded SmolLM2)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--lean-fraction", type=float, default=0.1)
+    ap.add_argument("--dataset", choices=("gsp", "random"), default="gsp")
     ap.add_argument("--num-groups", type=int, default=4)
     ap.add_argument("--prompts-per-group", type=int, default=16)
     ap.add_argument("--system-prompt-len", type=int, default=512)
     ap.add_argument("--question-len", type=int, default=192)
+    ap.add_argument("--input-len", type=int, default=2048, help="random: prompt tokens")
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--max-concurrency", type=int, default=64)
+    ap.add_argument("--num-prompts", help="random: prompts per round, comma-separated (default: its clients)")
+    ap.add_argument("--max-concurrency", default="64", help="clients per round, comma-separated (rounds run in order)")
     ap.add_argument("--max-running-requests", type=int, default=64)
     ap.add_argument("--arms", default="sglang,minima-fp8,minima,minima-lean")
-    ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench_serving")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
-    ap.add_argument("--from-json", type=Path, help="re-render the table of an earlier run's serving.json")
+    ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
+    ap.add_argument("--work", type=Path, default=serve_arms.ROOT / ".cache" / "bench_serving")
+    ap.add_argument("--out", type=Path, default=serve_arms.ROOT / "docs" / "results")
+    ap.add_argument("--name", default="serving", help="the results' file name: <out>/<name>.json and .md")
+    ap.add_argument("--from-json", type=Path, help="re-render the table of an earlier run's JSON")
     args = ap.parse_args()
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
-        print(render([ArmResult(**r) for r in saved["results"]], args))
+        print(render([ArmResult(**r) for r in saved["results"]]))
         return
-
-    model_dir = ensure_default_model()
-    geometry = model_geometry(model_dir)
+    known = arms(e2e_device(), args.lean_fraction)
+    names = args.arms.split(",")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        ap.error(f"--arms: unknown {unknown} on {e2e_device()}; choose from {sorted(known)}")
+    rounds(args)  # a bad --num-prompts / --max-concurrency pair fails before any server starts
     args.work.mkdir(parents=True, exist_ok=True)
-    chosen = [a for a in arms(args.lean_fraction) if a.name in args.arms.split(",")]
-    results = [run_arm(arm, args, model_dir, geometry, args.work) for arm in tqdm(chosen, desc="arms")]
-    table = render(results, args)
-    print(table)
+    model_dir, model_flags = resolve_model(args.model, args.work)
+    geometry = model_geometry(model_dir)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "serving.json").write_text(json.dumps(
-        {"args": {k: str(v) for k, v in vars(args).items()}, "geometry": geometry,
-         "results": [asdict(r) for r in results]}, indent=1))
-    print(f"wrote {args.out / 'serving.json'}")
+    results: list[ArmResult] = []
+    for name in tqdm(names, desc="arms"):
+        try:
+            results += run_arm(known[name], args, model_dir, model_flags, geometry, args.work)
+        except (RuntimeError, subprocess.CalledProcessError) as e:  # one arm that fails must not lose the others
+            print(f"arm {name} failed: {e}"[-4000:], flush=True)
+        results.sort(key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
+        write(args, geometry, results)  # after every arm: a call cut short keeps what it measured
+    print(render(results))
+    print(f"wrote {args.out / (args.name + '.json')}")
+
+
+def write(args, geometry: dict, results: list[ArmResult]) -> None:
+    (args.out / f"{args.name}.json").write_text(json.dumps(
+        {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
+         "command": " ".join(sys.argv), "args": {k: str(v) for k, v in vars(args).items()},
+         "geometry": geometry, "results": [asdict(r) for r in results]}, indent=1))
+    if results:
+        (args.out / f"{args.name}.md").write_text(render(results) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""One picture of bench_capacity.py runs at several client counts: per arm, output throughput,
-mean TTFT and peak running requests, each run's concurrency on the x axis (same KV byte budget).
+"""One picture of bench_capacity.py runs: per arm, output throughput, mean TTFT, mean TPOT and peak
+running requests, one group of bars per round (its clients and prompts), same KV byte budget.
 
   python benchmark/serving/plot_capacity.py run8/serving.json run32/serving.json --out capacity.png
 """
@@ -15,28 +15,41 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-PANELS = (("output_throughput", "output tok/s"), ("mean_ttft_ms", "mean TTFT (ms)"), ("peak_running_requests", "peak running requests"))
+PANELS = (("output_throughput", "output tok/s"), ("mean_ttft_ms", "mean TTFT (ms)"),
+          ("mean_tpot_ms", "mean TPOT (ms)"), ("peak_running_requests", "peak running requests"))
+
+
+def rounds(runs: list[dict]) -> dict[tuple[int, int], dict[str, dict]]:
+    """(clients, prompts) -> arm -> result, over every run (runs before rounds existed had one each)."""
+    out: dict[tuple[int, int], dict[str, dict]] = {}
+    for run in runs:
+        for res in run["results"]:
+            clients = res["clients"] if "clients" in res else int(run["args"]["max_concurrency"])
+            out.setdefault((clients, res.get("num_prompts", 0)), {})[res["arm"]] = res
+    return dict(sorted(out.items()))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("runs", nargs="+", type=Path, help="serving.json files of bench_capacity.py")
+    ap.add_argument("runs", nargs="+", type=Path, help="JSON files of bench_capacity.py")
+    ap.add_argument("--title", help="the figure's title (default: the budget and device)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    runs = sorted((json.loads(p.read_text()) for p in args.runs), key=lambda r: int(r["args"]["max_concurrency"]))
-    clients = [int(r["args"]["max_concurrency"]) for r in runs]
-    arms = [res["arm"] for res in runs[0]["results"]]
+    runs = [json.loads(p.read_text()) for p in args.runs]
+    groups = rounds(runs)
+    arms = list(dict.fromkeys(arm for by_arm in groups.values() for arm in by_arm))
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6))
     width = 0.8 / len(arms)
     for ax, (key, label) in zip(axes, PANELS):
         for i, arm in enumerate(arms):
-            values = [next(res[key] for res in r["results"] if res["arm"] == arm) for r in runs]
-            ax.bar([x + (i - (len(arms) - 1) / 2) * width for x in range(len(runs))], values, width, label=arm)
-        ax.set_xticks(range(len(runs)), [f"{c} clients" for c in clients])
+            xs = [x + (i - (len(arms) - 1) / 2) * width for x, by_arm in enumerate(groups.values()) if arm in by_arm]
+            ax.bar(xs, [by_arm[arm][key] for by_arm in groups.values() if arm in by_arm], width, label=arm)
+        ax.set_xticks(range(len(groups)), [f"{c} clients" + (f"\n{p} prompts" if p else "") for c, p in groups])
         ax.set_title(label)
     axes[0].legend(fontsize=8)
     budget = float(runs[0]["args"]["budget_mib"])  # args are stored as strings
-    fig.suptitle(f"bench_serving, generated shared prefix, {budget:g} MiB of KV per arm (CPU)")
+    device = runs[0].get("device", "cpu")
+    fig.suptitle(args.title or f"bench_serving, {budget:g} MiB of KV per arm ({device})")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")

@@ -5,8 +5,9 @@ server, send ``--batch`` concurrent requests of ``--input-len`` random prompt to
 ``--output-len`` greedy tokens, wait until every request decodes, ask SGLang's ``/start_profile`` for
 ``--steps`` forward steps (CPU + GPU activities, no stacks), and read the Chrome trace SGLang writes.
 Reported per step: the host time in Minima's profiler scopes (``minima.plan``: the forward plan and
-the route counters; ``minima.kernel_plan``: ``MinimaDecodeWrapper.plan``; ``minima.decode_kernels``:
-the kernels' launches, all layers; ``minima.kv_write``: the new tokens' FP8 writes, all layers;
+the route counters; ``minima.kernel_plan``: the wrappers' plan; ``minima.decode_kernels``: the decode
+kernels' launches, all layers; ``minima.prefill_kernels``: an extend's attention, all layers, of
+which ``minima.prefill_tq3`` its TQ3 prefix tiles; ``minima.kv_write``: the new tokens' FP8 writes;
 ``minima.lifecycle``: conversions and promotions between steps), host ops (inclusive: an op's time
 contains its callees') and GPU kernels by total time, and the window's wall time per step.
 JSON + markdown.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import sys
 import threading
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU)
-from serve_arms import arms, e2e_device, launch  # noqa: E402
+from serve_arms import arms, e2e_device, launch, resolve_model  # noqa: E402
 from trace_summary import SCOPES, summarize_trace  # noqa: E402
 
 
@@ -50,10 +52,13 @@ def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
 
 
 def _decode_load(url: str, args, stop: threading.Event) -> None:
-    """``--batch`` requests decoding at once, each started again when it ends, until ``stop``."""
+    """``--batch`` requests decoding at once, each started again when it ends, until ``stop``; every
+    prompt is new (no radix hit), so with ``--output-len 1`` the profiled steps are prefills."""
     def one(i: int) -> None:
-        while not stop.is_set():
-            ids = [(7919 * i + 104729 * j) % 20000 + 100 for j in range(args.input_len)]
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            ids = [(7919 * (i + args.batch * n) + 104729 * j) % 20000 + 100 for j in range(args.input_len)]
             try:
                 requests.post(url + "/generate", json={
                     "input_ids": ids,
@@ -69,7 +74,8 @@ def _decode_load(url: str, args, stop: threading.Event) -> None:
 
 def profile_arm(name: str, args, work: Path) -> dict:
     arm = arms(e2e_device())[name]
-    flags = ["--model-path", str(args.model), "--page-size", str(args.page_size), "--dtype", args.dtype,
+    model_dir, model_flags = resolve_model(args.model, work)
+    flags = ["--model-path", str(model_dir), *model_flags, "--page-size", str(args.page_size), "--dtype", args.dtype,
              "--max-running-requests", str(args.batch)]
     server = launch(flags + arm.flags + args.server_args, work / f"{name}.log", module=arm.module, env=arm.env)
     stop = threading.Event()
@@ -112,7 +118,7 @@ def render(results: list[dict], args) -> str:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", default="minima")
-    ap.add_argument("--model", type=Path, help="model directory (default: the embedded SmolLM2)")
+    ap.add_argument("--model", help="model directory or a dummy geometry, e.g. llama3-8b-class (default: SmolLM2)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
@@ -124,10 +130,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--work", type=Path, default=Path(serve_arms.ROOT) / ".cache" / "profile_decode")
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
     args = ap.parse_args(argv)
-    if args.model is None:
-        from sglang_minima.models import ensure_default_model
-
-        args.model = ensure_default_model()
     args.work.mkdir(parents=True, exist_ok=True)
     results = [profile_arm(name, args, args.work) for name in tqdm(args.arms.split(","), desc="arms")]
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),

@@ -12,6 +12,7 @@ CPU run of the same prompts): a figure, not an assertion.
 Arms:
   minima       Minima defaults (Recent/Anchor FP8, Stale TQ3; attention: minima on GPU, minima_native on CPU)
   minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
+  minima-defer Minima with --minima-defer-prefill-conversion (a prompt's pages stay FP8 until its prefill ends)
   minima-native  Minima with --attention-backend minima_native (the torch path; on GPU tensors there)
   sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
   sglang-bf16  SGLang's own path in the model dtype (flashinfer on GPU, torch_native on CPU)
@@ -89,6 +90,7 @@ def arms(device: str) -> dict[str, Arm]:
         "minima": Arm("minima", "sglang_minima.launch_server", []),
         "minima-eager": Arm("minima-eager", "sglang_minima.launch_server", ["--cuda-graph-backend-decode", "disabled"]),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
+        "minima-defer": Arm("minima-defer", "sglang_minima.launch_server", ["--minima-defer-prefill-conversion"]),
         "minima-native": Arm("minima-native", "sglang_minima.launch_server", ["--attention-backend", "minima_native"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),
         "sglang-bf16": Arm("sglang-bf16", "sglang.launch_server", sglang),
@@ -119,6 +121,22 @@ class ArmResult:
     bench: dict = field(default_factory=dict)
     minima: dict = field(default_factory=dict)
     agreement: dict = field(default_factory=dict)
+
+
+def resolve_model(name: str | None, work: Path) -> tuple[Path, list[str]]:
+    """(model directory, the flags it needs): the embedded model, a directory, or a dummy geometry."""
+    from sglang_minima.models import ensure_default_model
+
+    if name is None:
+        return ensure_default_model(), []
+    from minima_test_support.dummy_models import GEOMETRIES, make_model
+
+    if name in GEOMETRIES:
+        return make_model(name, work / "models", ensure_default_model()), ["--load-format", "dummy"]
+    path = Path(name)
+    if not (path / "config.json").exists():
+        raise SystemExit(f"--model: {name!r} is neither a model directory nor one of {sorted(GEOMETRIES)}")
+    return path, []
 
 
 def greedy(url: str) -> tuple[list[list[int]], list[list[float]]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.kv_write", "minima.lifecycle")
+SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.prefill_kernels", "minima.prefill_tq3",
+          "minima.kv_write", "minima.lifecycle")
 
 
 def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:

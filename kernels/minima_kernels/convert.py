@@ -266,12 +266,13 @@ def tq3_to_fp8_kernel(
     @T.macro
     def store_unrotated(x_s, dst, h, cache, scale, signs):
         _fwht_rows(x_s, P, D, log_d)
-        # x / scale as CUDA torch computes it (the codec's fp8_quantize on the device, and SGLang's own
-        # write path): a multiply by the fp32 reciprocal, not an IEEE division (they differ in a byte
-        # or so per 10^5 for scales that are not powers of two).
-        inv_scale = T.float32(1.0) / scale
+        # x / scale correctly rounded, as torch 2.11's CUDA `x / scale` computes it (the codec's
+        # fp8_quantize, and SGLang's own write path): a multiply by the fp32 reciprocal differs where
+        # x / scale lies on an e4m3 rounding tie (119 of 393,216 bytes at head dim 256, scale 0.29)
         for t, d in T.Parallel(P, D):
-            cache[dst, t, h, d] = T.Cast(T.float8_e4m3fn, x_s[t, d] * T.float32(inv_sqrt_d) * signs[h, d] * inv_scale)
+            cache[dst, t, h, d] = T.Cast(
+                T.float8_e4m3fn, T.ieee_fdiv(x_s[t, d] * T.float32(inv_sqrt_d) * signs[h, d], scale)
+            )
 
     @T.prim_func
     def tq3_to_fp8(

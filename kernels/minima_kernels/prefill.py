@@ -132,11 +132,14 @@ class MinimaPrefillWrapper:
             if self._prefix_rows is not None:  # a request without a hot prefix: an empty state, whatever was written
                 lse_p = lse_p.masked_fill(~self._prefix_rows.unsqueeze(-1), float("-inf"))
             out, lse = merge_attention_states(out, lse, out_p, lse_p)
-        for seg in self._tq3:
-            rows = slice(seg.q_start, seg.q_start + seg.q_len)
-            kv = Tq3PagedKV(tq3_buffer, seg.pages, layout, codebook)
-            out_rot, lse_t = tq3_paged_attention(
-                rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
-            )
-            out[rows], lse[rows] = merge_attention_states(out[rows], lse[rows], rotation.unrotate(out_rot, head_axis=-2), lse_t)
+        with torch.profiler.record_function("minima.prefill_tq3"):
+            for seg in self._tq3:
+                rows = slice(seg.q_start, seg.q_start + seg.q_len)
+                kv = Tq3PagedKV(tq3_buffer, seg.pages, layout, codebook)
+                out_rot, lse_t = tq3_paged_attention(
+                    rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
+                )
+                out[rows], lse[rows] = merge_attention_states(
+                    out[rows], lse[rows], rotation.unrotate(out_rot, head_axis=-2), lse_t
+                )
         return out.to(self.q_dtype)

@@ -1,0 +1,70 @@
+"""benchmark/serving/bench_capacity.py: each arm's KV byte budget, its rounds and its table.
+
+The script sets up the CPU engine when imported (before any sglang import), so it is imported in a
+child process here: the figures come back as JSON.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import json, sys, types
+from pathlib import Path
+sys.path[:0] = [str(Path.cwd() / "benchmark" / "serving"), str(Path.cwd() / "test")]
+import bench_capacity as bc
+from minima_test_support.dummy_models import make_model
+
+tmp = Path(sys.argv[1])
+tok = tmp / "tokenizer"
+tok.mkdir()
+geo = {n: bc.model_geometry(make_model(n, tmp, tok)) for n in ("llama3-8b-class", "qwen3.6-27b-class")}
+cuda = bc.arms("cuda", 0.1)
+per_token = {name: bc.bytes_per_token(arm, geo["llama3-8b-class"], "bfloat16", 64) for name, arm in cuda.items()}
+rounds = bc.rounds(types.SimpleNamespace(max_concurrency="8,16", num_prompts=None, dataset="random"))
+try:
+    bc.rounds(types.SimpleNamespace(max_concurrency="8,16", num_prompts="8", dataset="random"))
+    mismatch = None
+except SystemExit as e:
+    mismatch = str(e)
+
+def result(arm, tokens, tput, tpot, out=100):
+    return bc.ArmResult(arm=arm, clients=8, num_prompts=8, bytes_per_token=1, max_total_tokens=tokens,
+                        startup_s=1, completed=8, output_throughput=tput, request_throughput=1, mean_ttft_ms=1,
+                        median_ttft_ms=1, p99_ttft_ms=1, mean_tpot_ms=tpot, duration_s=1, peak_running_requests=8,
+                        peak_queued_requests=0, output_tokens_retokenized=out)
+
+table = bc.render([result("sglang-fp8", 1000, 100.0, 40.0), result("minima", 1820, 150.0, 32.0),
+                   result("minima-lean", 3000, 0.5, 1.0, out=0)])
+print(json.dumps({"geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
+                  "rounds": rounds, "mismatch": mismatch, "table": table}))
+"""
+
+
+def test_budgets_rounds_and_ratios(tmp_path):
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # the tiered KV's geometry: a hybrid model keeps KV in its full-attention layers only (every 4th)
+    assert got["geo"]["llama3-8b-class"] == {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128}
+    assert got["geo"]["qwen3.6-27b-class"] == {"num_layers": 16, "num_kv_heads": 4, "head_dim": 256}
+    per = got["per_token"]
+    assert per["sglang-fp8"] == 2 * 8 * 128 * 32  # K+V, one byte each, all layers
+    assert per["sglang"] == 2 * per["sglang-fp8"]  # bf16
+    assert per["minima-fp8"] == per["sglang-fp8"]  # Stale disabled: every page FP8, nothing else
+    # defaults: a quarter of the pages FP8, the rest TQ3 (the cell the 2026-12-02 H200 run used)
+    assert per["minima"] == 35_968 and per["minima-defer"] == per["minima"]
+    assert per["minima-lean"] < per["minima"]
+    assert "sglang-fp8" not in got["cpu_arms"]  # SGLang's FP8 KV does not start on this CPU
+    assert got["rounds"] == [[8, 8], [16, 16]]
+    assert "--num-prompts gives 1 rounds, --max-concurrency 2" in got["mismatch"]
+    rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in got["table"].splitlines()[2:]}
+    minima = rows["minima"]
+    assert minima[6] == "1.82"  # admitted tokens vs the FP8 baseline
+    assert minima[10] == "1.50"  # output throughput vs the baseline
+    assert minima[14] == "1.25"  # baseline TPOT / Minima's: > 1 is faster
+    assert "minima-lean (no output: every request rejected)" in rows
