@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -74,6 +75,11 @@ class ArmResult:
     duration_s: float
     peak_running_requests: int
     peak_queued_requests: int
+    decode_rows: int = 0
+    decode_step_ms: float = 0.0
+    """SGLang's own decode log (``Decode batch`` lines) at the round's most running requests: the
+    window of highest generation throughput, as ms per step (the least disturbed by prefill chunks;
+    bench_serving's TPOT counts the chunks interleaved with a request's decode)."""
     output_tokens_retokenized: int = -1
     """Output tokens as the client got them back: 0 when the server rejected every request (an input
     longer than the arm's capacity), although bench_serving counts those requests as completed."""
@@ -188,6 +194,20 @@ def rounds(args) -> list[tuple[int, int]]:
     return list(zip(clients, prompts))
 
 
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_step(log_text: str) -> tuple[int, float]:
+    """(rows, ms per decode step) from SGLang's decode log lines: at the most running requests, the
+    window of highest generation throughput; (0, 0.0) with no decode line."""
+    windows = [(int(m[1]), float(m[2])) for m in DECODE_LINE.finditer(log_text)]
+    if not windows:
+        return 0, 0.0
+    rows = max(r for r, _ in windows)
+    best = max(t for r, t in windows if r == rows)
+    return rows, round(rows / best * 1000, 2) if best > 0 else 0.0
+
+
 def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: dict, work: Path) -> list[ArmResult]:
     per_token = bytes_per_token(arm, geometry, args.dtype, args.page_size)
     tokens = int(args.budget_mib * 2**20 // per_token) // args.page_size * args.page_size
@@ -206,10 +226,14 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
                    "--tokenizer", str(model_dir), *workload_args(args, clients, num_prompts),
                    "--output-file", str(out_file), "--seed", "1", "--disable-tqdm"]
+            log_start = server.log_path.stat().st_size
             with Poller(server.url) as poll, open(work / f"{arm.name}-c{clients}.bench.log", "w") as log:
                 # bench_serving caches its prompts under ~/.cache
                 subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HOME": str(work)})
             bench = json.loads(out_file.read_text().strip().splitlines()[-1])
+            with open(server.log_path, errors="replace") as f:
+                f.seek(log_start)
+                rows, step_ms = decode_step(f.read())
             state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
             minima = state.get("minima", {})
             counters = {}
@@ -225,6 +249,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
+                decode_rows=rows, decode_step_ms=step_ms,
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters,
             ))
@@ -238,8 +263,9 @@ def render(results: list[ArmResult]) -> str:
     "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
         "| clients | prompts | arm | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
-        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | converted | TQ3 page reads | fallbacks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows "
+        "| converted | TQ3 page reads | fallbacks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -251,7 +277,8 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.max_total_tokens / base.max_total_tokens:.2f} | {r.peak_running_requests} | {r.peak_queued_requests} "
             f"| {r.output_throughput:,.1f} | {r.output_throughput / base.output_throughput:.2f} "
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
-            f"| {base.mean_tpot_ms / r.mean_tpot_ms:.2f} | {c.get('converted', '-')} "
+            f"| {base.mean_tpot_ms / r.mean_tpot_ms:.2f} "
+            f"| {f'{r.decode_step_ms} @ {r.decode_rows}' if r.decode_rows else '-'} | {c.get('converted', '-')} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} |")
     return "\n".join(lines)
 

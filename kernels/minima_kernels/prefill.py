@@ -13,8 +13,8 @@ by LSE (base 2):
   the rotated space, ``tile_tokens`` at a time decoded by the torch codec and attended by torch's
   fused flash kernel (``sglang_minima.ops``), so the scratch is one tile, never the prefix.
 
-``plan()`` takes the host-side split (``sglang_minima.layers.attention.plan.plan_extend``) once per
-forward step and plans both FlashInfer wrappers from host index pointers (no device read);
+``plan()`` takes the split (``sglang_minima.layers.attention.plan.ExtendPlan``: host index pointers,
+device slots and pages) once per forward step and plans both FlashInfer wrappers (no device read);
 ``run()`` launches one layer's attention. Prefill is eager (SGLang captures no extend graphs here).
 """
 

@@ -14,6 +14,7 @@ from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
 from sglang_minima.layers.attention.plan import plan_batch, plan_extend
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.ops.dense import attend, causal_mask
@@ -60,7 +61,8 @@ def test_prefix_slots_rows_and_tq3_requests():
     assert torch.equal(plan.prefix_slots.long(), a.hot_slots[:24])
     assert plan.prefix_slots.dtype == torch.int32
     assert plan.prefix_rows.tolist() == [True] * 4 + [False] * 5
-    assert plan.tq3_requests == (a,)
+    assert [(t.q_start, t.q_len) for t in plan.tq3] == [(a.q_start, a.q_len)]
+    assert torch.equal(plan.tq3[0].pages, a.tq3_pages)
     assert plan.num_prefix_tokens == 24
 
 
@@ -132,10 +134,76 @@ def test_three_sets_merged_equal_the_causal_mixed_attention(shapes, seed):
             plan.prefix_rows is not None and bool((plan.prefix_rows[rows] == (hi > lo)).all())
         )
         # the TQ3 pages, all visible, through the fused kernel per tile
-        if r in plan.tq3_requests:
-            out_rot, lse = tq3_paged_attention(rot.rotate(qr, head_axis=-2), Tq3PagedKV(tq3_buf, r.tq3_pages, layout, cb), SM, tile_pages=2, flash=True)
+        seg = next((t for t in plan.tq3 if t.q_start == r.q_start), None)
+        if seg is not None:
+            out_rot, lse = tq3_paged_attention(rot.rotate(qr, head_axis=-2), Tq3PagedKV(tq3_buf, seg.pages, layout, cb), SM, tile_pages=2, flash=True)
             got = merge_attention_states(*got, rot.unrotate(out_rot, head_axis=-2), lse)
         else:
             assert r.num_tq3_pages == 0
         assert torch.allclose(got[0], want[0], atol=3e-5), float((got[0] - want[0]).abs().max())
         assert torch.allclose(got[1], want[1], atol=3e-5), float((got[1] - want[1]).abs().max())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, PS - 1), st.integers(1, 40), st.lists(st.booleans(), max_size=6)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.integers(0, 3),
+    st.booleans(),
+)
+def test_the_device_split_equals_the_per_request_one(shapes, shared, overlap):
+    """split_extend over plan_forward (one host read) against plan_extend over plan_batch, on random
+    tables: hot and TQ3 pages mixed, partial pages, requests sharing the first pages of the first one
+    (radix hits), an empty hot prefix, and (``overlap``) a TQ3 page under the queries: both refuse."""
+    fmt = torch.zeros(N_PAGES * 8, dtype=torch.int8)
+    phys = torch.zeros(N_PAGES * 8, dtype=torch.int32)
+    req_to_token = torch.zeros(len(shapes) + 1, N_PAGES * PS, dtype=torch.int32)
+    next_logical, next_phys = 1, [1, 0]  # logical page 0 and hot page 0: SGLang's padding
+    kv_lens, q_lens, first_pages = [], [], []
+    for row, (full_pages, extra, q_len, flags) in enumerate(shapes, start=1):
+        prefix = full_pages * PS + extra
+        kv_len = prefix + q_len
+        pages = []
+        for page in range(-(-kv_len // PS)):
+            if row > 1 and page < min(shared, len(first_pages), prefix // PS):
+                pages.append(first_pages[page])  # a radix hit: the first request's own logical page
+                continue
+            lp, next_logical = next_logical, next_logical + 1
+            tq3 = page < prefix // PS and page < len(flags) and flags[page]
+            fmt[lp] = FMT_TQ3 if tq3 else FMT_HOT
+            phys[lp], next_phys[tq3] = next_phys[tq3], next_phys[tq3] + 1
+            pages.append(lp)
+        if row == 1:
+            first_pages = pages
+        for page, lp in enumerate(pages):
+            n = min(PS, kv_len - page * PS)
+            req_to_token[row, page * PS : page * PS + n] = torch.arange(lp * PS, lp * PS + n)
+        kv_lens.append(kv_len)
+        q_lens.append(q_len)
+    if overlap:  # the page holding the last query goes TQ3
+        last = int(req_to_token[1, kv_lens[0] - 1]) // PS
+        fmt[last], phys[last] = FMT_TQ3, next_phys[1]
+    rows = list(range(1, len(shapes) + 1))
+    route = plan_batch(req_to_token, rows, kv_lens, q_lens, fmt, phys, PS)
+    fplan = plan_forward(req_to_token, torch.tensor(rows), torch.tensor(kv_lens), torch.tensor(q_lens), fmt, phys, PS,
+                         max(-(-k // PS) for k in kv_lens))
+    try:
+        want = plan_extend(route, PS)
+    except ValueError:
+        with pytest.raises(ValueError, match="overlaps"):
+            split_extend(fplan, q_lens, kv_lens)
+        assert overlap
+        return
+    got = split_extend(fplan, q_lens, kv_lens)
+    assert torch.equal(got.qo_indptr, want.qo_indptr) and got.qo_indptr.device.type == "cpu"
+    assert torch.equal(got.prefix_indptr, want.prefix_indptr) and got.prefix_indptr.device.type == "cpu"
+    assert got.prefix_slots.dtype == torch.int32 and torch.equal(got.prefix_slots, want.prefix_slots)
+    assert (got.prefix_rows is None) == (want.prefix_rows is None)
+    if want.prefix_rows is not None:
+        assert torch.equal(got.prefix_rows, want.prefix_rows)
+    assert [(t.q_start, t.q_len) for t in got.tq3] == [(t.q_start, t.q_len) for t in want.tq3]
+    for a, b in zip(got.tq3, want.tq3):
+        assert a.pages.dtype == b.pages.dtype == torch.int64 and torch.equal(a.pages, b.pages)

@@ -205,10 +205,10 @@ def test_an_extend_the_split_refuses_is_attended_by_the_torch_path_and_counted(m
     h = Harness.real(monkeypatch, device="cuda")
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
 
-    def refuse(route, page_size):
+    def refuse(plan, q_lens, kv_lens):
         raise ValueError("a TQ3 page overlaps the new tokens")
 
-    monkeypatch.setattr(backend_module, "plan_extend", refuse)
+    monkeypatch.setattr(backend_module, "split_extend", refuse)
     for step in range(2):
         fb = h.batch({1: PS + 3, 2: 5}, ForwardMode.EXTEND)
         h.backend.init_forward_metadata(fb)

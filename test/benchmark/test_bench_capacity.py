@@ -39,7 +39,10 @@ def result(arm, tokens, tput, tpot, out=100):
 
 table = bc.render([result("sglang-fp8", 1000, 100.0, 40.0), result("minima", 1820, 150.0, 32.0),
                    result("minima-lean", 3000, 0.5, 1.0, out=0)])
-print(json.dumps({"geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
+log = "\n".join(f"[t] Decode batch, #running-req: {n}, #token: 9, token usage: 0.9, cuda graph: True, "
+                f"gen throughput (token/s): {tput}, #queue-req: 0" for n, tput in ((8, 600.0), (16, 800.0), (16, 944.0), (16, 1.5)))
+print(json.dumps({"decode": bc.decode_step(log), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
+                  "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
                   "rounds": rounds, "mismatch": mismatch, "table": table}))
 """
 
@@ -61,6 +64,8 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert per["minima-lean"] < per["minima"]
     assert "sglang-fp8" not in got["cpu_arms"]  # SGLang's FP8 KV does not start on this CPU
     assert got["rounds"] == [[8, 8], [16, 16]]
+    # at the most running requests (16), the fastest window: 16 rows / 944 tok/s
+    assert got["decode"] == [16, 16.95] and got["no_decode"] == [0, 0.0]
     assert "--num-prompts gives 1 rounds, --max-concurrency 2" in got["mismatch"]
     rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in got["table"].splitlines()[2:]}
     minima = rows["minima"]

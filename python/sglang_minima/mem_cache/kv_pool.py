@@ -179,12 +179,13 @@ class MinimaKVPool(MHATokenToKVPool):
     def note_read(self, logical_pages: torch.Tensor, *, hot_tokens: int = 0, tq3_tokens: int = 0) -> None:
         self.store.note_read(logical_pages, hot_tokens=hot_tokens, tq3_tokens=tq3_tokens)
 
-    def note_read_in_graph(self, logical_pages: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor) -> None:
-        """``note_read`` for a captured step: counted on the device (mem_cache/device_routes.py)."""
+    def note_read_on_device(self, logical_pages: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor) -> None:
+        """``note_read`` counted on the device, with no host read (mem_cache/device_routes.py): the
+        captured decode steps, and the extend steps the GPU backend plans on the device."""
         self.store.device_routes.count(self.store.page_table, logical_pages, tokens, rows)
 
-    def note_graph_step(self) -> None:
-        """A captured step is about to replay: its device counts are new."""
+    def note_device_step(self) -> None:
+        """A step that counts on the device was launched (a graph replay, a device-planned extend)."""
         self.store.device_routes.mark_step()
 
     def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor) -> None:

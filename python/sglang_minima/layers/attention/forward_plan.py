@@ -23,9 +23,11 @@ one hot page, physical page 0 (padding), of ``min(kv_len, page_size)`` tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
+from sglang_minima.layers.attention.plan import ExtendPlan, Tq3Prefix, check_tq3_before_queries, host_indptr
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 
 
@@ -154,3 +156,56 @@ def _csr(mask: torch.Tensor, page_phys: torch.Tensor, page_number: torch.Tensor)
     pages.scatter_(0, dest, page_phys.to(torch.int32).flatten())
     index.scatter_(0, dest, page_number.to(torch.int32).expand(batch, max_pages).flatten())
     return FormatPages(indptr, pages[:capacity], index[:capacity])
+
+
+def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int]) -> ExtendPlan:
+    """``plan.plan_extend``'s split (new tokens, hot prefix, TQ3 pages) from the forward plan of an
+    extend batch (``plan_forward`` with its extend lengths as ``q_lens``), with one host read for the
+    whole batch: each request's TQ3 page count and its last TQ3 page, where the per-request planner
+    reads the device several times per request. ``q_lens`` / ``kv_lens`` are SGLang's host lists.
+    Raises ValueError where plan_extend does (a TQ3 page not wholly before its request's queries)."""
+    p, batch, device = plan.page_size, plan.batch_size, plan.kv_lens.device
+    tq3_counts = plan.tq3.counts
+    last = plan.tq3.page_index[(plan.tq3.indptr[1:] - 1).clamp(min=0).to(torch.int64)]
+    n_tq3, last_page = torch.stack([tq3_counts, last]).cpu().tolist()  # the one host read
+    prefix_lens = []
+    for n, page, kv_len, q_len in zip(n_tq3, last_page, kv_lens, q_lens):
+        if n:
+            check_tq3_before_queries(page * p, kv_len, q_len, p)
+        prefix_lens.append(kv_len - q_len - n * p)  # TQ3 pages are full and all before the queries
+    prefix_indptr = host_indptr(prefix_lens)
+    total = int(prefix_indptr[-1])
+
+    # The hot prefix's token slots in position order: hot page e (of request req, its k-th) holds the
+    # prefix tokens req's list keeps at k * p + offset (only the page the queries start in is partial).
+    cap = plan.hot.pages.numel()
+    e = torch.arange(cap, device=device)
+    hot_indptr = plan.hot.indptr.to(torch.int64)
+    req = torch.searchsorted(hot_indptr[1:], e, right=True).clamp(max=batch - 1)
+    live = e < hot_indptr[-1]
+    offset = torch.arange(p, device=device)
+    position = plan.hot.page_index.to(torch.int64).unsqueeze(1) * p + offset
+    prefix_end = torch.tensor([k - q for k, q in zip(kv_lens, q_lens)], dtype=torch.int64, device=device)
+    keep = live.unsqueeze(1) & (position < prefix_end[req].unsqueeze(1))
+    rank = (e - hot_indptr[req]).unsqueeze(1) * p + offset
+    dest = torch.where(keep, prefix_indptr.to(device=device, dtype=torch.int64)[req].unsqueeze(1) + rank, total)
+    slots = torch.zeros(total + 1, dtype=torch.int32, device=device)
+    slots.scatter_(0, dest.flatten(), (plan.hot.pages.to(torch.int32).unsqueeze(1) * p + offset.to(torch.int32)).flatten())
+
+    prefix_rows = None
+    if any(n == 0 for n in prefix_lens) and any(prefix_lens):
+        flags = torch.tensor([n > 0 for n in prefix_lens])
+        prefix_rows = torch.repeat_interleave(flags, torch.tensor(list(q_lens))).to(device)
+    q_starts = host_indptr(q_lens).tolist()
+    tq3_starts = [0]
+    for n in n_tq3:
+        tq3_starts.append(tq3_starts[-1] + n)
+    tq3 = tuple(
+        Tq3Prefix(q_starts[i], int(q_lens[i]), plan.tq3.pages[tq3_starts[i] : tq3_starts[i + 1]].to(torch.int64))
+        for i in range(batch)
+        if n_tq3[i]
+    )
+    return ExtendPlan(
+        qo_indptr=host_indptr(q_lens), prefix_indptr=prefix_indptr, prefix_slots=slots[:total],
+        prefix_rows=prefix_rows, tq3=tq3,
+    )

@@ -4,9 +4,12 @@ Decode batches run ``minima_kernels.MinimaDecodeWrapper``: one plan per step fro
 (``forward_plan.plan_forward``: the per-format CSR page lists ``minima_native``'s batched decode
 reads too; only the op differs), then one launch sequence per layer over the pool's FP8 hot pages
 and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill and mixed batches run
-``minima_kernels.MinimaPrefillWrapper`` over ``plan.plan_extend``'s split of ``minima_native``'s
-routes: FlashInfer over the new tokens (causal) and the FP8 hot prefix, the TQ3 prefix in bounded
-tiles, one LSE merge; a batch the split refuses takes the torch path and counts as a fallback.
+``minima_kernels.MinimaPrefillWrapper`` over a split of each request's keys (``plan.ExtendPlan``):
+FlashInfer over the new tokens (causal) and the FP8 hot prefix, the TQ3 prefix in bounded tiles, one
+LSE merge. The split is made from the forward plan (``forward_plan.split_extend``, equal to the
+per-request ``plan.plan_extend``: one host read per step, the batch's TQ3 page counts) and the
+step's routes are counted on the device; a batch the split refuses takes the torch path and counts
+as a fallback.
 
 Eager steps plan on the host (``MinimaDecodeWrapper.plan``: the page counts pick the fastest path,
 a host sync per step). Decode batches up to SGLang's ``--cuda-graph-max-bs`` run as CUDA graphs
@@ -33,9 +36,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_minima.layers.attention.forward_plan import plan_forward
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
 from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
-from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_extend
+from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_batch
 from sglang_minima.ops import scratch
 
 if TYPE_CHECKING:
@@ -70,15 +75,47 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self._extend: ExtendPlan | None = None  # this extend step's split, None: the torch path attends it
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        super().init_forward_metadata(forward_batch)
         self._planned = None  # planned at this step's first layer, once its shapes are known
         self._extend = None
-        route = self.forward_metadata
-        if isinstance(route, BatchRoute) and route.requests and not self._score_pages:
-            try:
-                self._extend = plan_extend(route, self.token_to_kv_pool.page_size)
-            except ValueError as e:  # this step only: the torch path masks by position
-                logger.warning("minima: extend step on the torch path: %s", e)
+        mode = forward_batch.forward_mode
+        extend = mode == ForwardMode.EXTEND or mode.is_mixed()
+        if extend and not self._score_pages and forward_batch.seq_lens_cpu is not None:
+            with torch.profiler.record_function("minima.plan"):
+                if self._plan_extend(forward_batch):
+                    return
+        super().init_forward_metadata(forward_batch)
+
+    def _plan_extend(self, forward_batch: ForwardBatch) -> bool:
+        """The extend split on the device (one host read for the batch) and its route counts on the
+        device; False where the split refuses the batch (then the torch path plans and attends it)."""
+        pool, p = self.token_to_kv_pool, self.token_to_kv_pool.page_size
+        q_lens = [int(n) for n in forward_batch.extend_seq_lens_cpu]
+        kv_lens = forward_batch.seq_lens_cpu.tolist()
+        plan = plan_forward(
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
+            torch.tensor(q_lens, dtype=torch.int32), pool.page_table.fmt, pool.page_table.phys, p,
+            max(-(-k // p) for k in kv_lens),
+        )
+        try:
+            self._extend = split_extend(plan, q_lens, kv_lens)
+        except ValueError as e:  # this step only: the torch path masks by position
+            logger.warning("minima: extend step on the torch path: %s", e)
+            return False
+        every = torch.ones(plan.batch_size, dtype=torch.bool, device=plan.kv_lens.device)
+        pool.note_read_on_device(plan.logical_pages, plan.token_counts(), every)
+        pool.note_device_step()
+        self.forward_metadata = plan
+        return True
+
+    def _torch_route(self, forward_batch: ForwardBatch) -> BatchRoute:
+        """The per-request routes the torch path reads, for an extend step planned on the device that
+        the kernels cannot serve after all (its routes are counted already)."""
+        pool = self.token_to_kv_pool
+        return plan_batch(
+            self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
+            forward_batch.seq_lens_cpu.tolist(), [int(n) for n in forward_batch.extend_seq_lens_cpu],
+            pool.page_table.fmt, pool.page_table.phys, pool.page_size,
+        )
 
     # ------------------------------------------------------------------ extend / prefill
 
@@ -94,7 +131,9 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
     ) -> torch.Tensor:
         prefill = self._prefill_for(q, layer) if self._extend is not None and k is not None else None
         if prefill is None:
-            if layer.layer_id == self._last_layer_id and isinstance(self.forward_metadata, BatchRoute):
+            if not isinstance(self.forward_metadata, BatchRoute):
+                self.forward_metadata = self._torch_route(forward_batch)
+            if layer.layer_id == self._last_layer_id:
                 self.token_to_kv_pool.note_fallback()  # once per step: the torch path attended this batch
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         check_layer(layer)
@@ -123,7 +162,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
     def _tq3_segments(plan: ExtendPlan):
         from minima_kernels.prefill import Tq3Segment
 
-        return tuple(Tq3Segment(r.q_start, r.q_len, r.tq3_pages) for r in plan.tq3_requests)
+        return tuple(Tq3Segment(t.q_start, t.q_len, t.pages) for t in plan.tq3)
 
     def _prefill_for(self, q: torch.Tensor, layer: RadixAttention):
         """The extend wrapper for this layer's shapes, or None where FlashInfer does not build for them."""
@@ -157,7 +196,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             raise NotImplementedError(
                 f"--attention-backend minima captures decode batches only, got {forward_batch.forward_mode.name}"
             )
-        self.token_to_kv_pool.note_graph_step()
+        self.token_to_kv_pool.note_device_step()
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """The forward plan, recorded in the graph: fixed shapes over the model's whole context,
@@ -171,7 +210,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
                 self._graph_max_pages,
             )
             rows = forward_batch.req_pool_indices != 0  # req_to_token row 0: SGLang's padding rows
-            pool.note_read_in_graph(plan.logical_pages, plan.token_counts(rows), rows)
+            pool.note_read_on_device(plan.logical_pages, plan.token_counts(rows), rows)
         self.forward_metadata = BatchedDecode(plan, None, None)
         self._planned = None  # bound to the wrapper at the first layer (each warm-up and the capture)
         if torch.cuda.is_current_stream_capturing():

@@ -192,6 +192,16 @@ def plan_batch(
 
 
 @dataclass(frozen=True)
+class Tq3Prefix:
+    """One request's TQ3 pages and the query rows that attend them (all of its queries)."""
+
+    q_start: int
+    q_len: int
+    pages: torch.Tensor
+    """int64 [n]: physical TQ3 page ids, on the pool's device."""
+
+
+@dataclass(frozen=True)
 class ExtendPlan:
     """An extend, chunked-prefill or mixed batch as the GPU prefill reads it (``plan_extend``).
 
@@ -210,8 +220,8 @@ class ExtendPlan:
     """int32 [prefix_indptr[-1]], on the pool's device: their physical slots, in position order."""
     prefix_rows: torch.Tensor | None
     """bool [T] on the device: the query rows whose request has a hot prefix; None when all do."""
-    tq3_requests: tuple[RequestRoute, ...]
-    """The requests that read TQ3 pages."""
+    tq3: tuple[Tq3Prefix, ...]
+    """The requests that read TQ3 pages, in batch order."""
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -236,11 +246,7 @@ def plan_extend(route: BatchRoute, page_size: int) -> ExtendPlan:
     if tq3:  # one host read for the batch: where each request's last TQ3 page ends
         ends = torch.stack([r.tq3_page_starts[-1] for r in tq3]).tolist()
         for r, start in zip(tq3, ends):
-            if start + page_size > r.kv_len - r.q_len:
-                raise ValueError(
-                    f"a TQ3 page (positions {start}..{start + page_size - 1}) overlaps the new tokens "
-                    f"of a request at {r.kv_len - r.q_len}..{r.kv_len - 1}"
-                )
+            check_tq3_before_queries(start, r.kv_len, r.q_len, page_size)
     prefix_slots = [r.hot_slots[:n] for r, n in zip(requests, prefix_lens)]
     prefix_rows = None
     if any(n == 0 for n in prefix_lens) and any(prefix_lens):
@@ -248,17 +254,28 @@ def plan_extend(route: BatchRoute, page_size: int) -> ExtendPlan:
             torch.tensor([n > 0 for n in prefix_lens], device=device), torch.tensor(q_lens, device=device)
         )
     return ExtendPlan(
-        qo_indptr=_indptr(q_lens),
-        prefix_indptr=_indptr(prefix_lens),
+        qo_indptr=host_indptr(q_lens),
+        prefix_indptr=host_indptr(prefix_lens),
         prefix_slots=(torch.cat(prefix_slots) if prefix_slots else torch.zeros(0, dtype=torch.int64, device=device)).to(
             torch.int32
         ),
         prefix_rows=prefix_rows,
-        tq3_requests=tq3,
+        tq3=tuple(Tq3Prefix(r.q_start, r.q_len, r.tq3_pages) for r in tq3),
     )
 
 
-def _indptr(lengths: Sequence[int]) -> torch.Tensor:
+def check_tq3_before_queries(last_page_start: int, kv_len: int, q_len: int, page_size: int) -> None:
+    """Raise ValueError where a request's last TQ3 page (its first position given) is not wholly
+    before its queries: the split would let queries see their future."""
+    if last_page_start + page_size > kv_len - q_len:
+        raise ValueError(
+            f"a TQ3 page (positions {last_page_start}..{last_page_start + page_size - 1}) overlaps the new "
+            f"tokens of a request at {kv_len - q_len}..{kv_len - 1}"
+        )
+
+
+def host_indptr(lengths: Sequence[int]) -> torch.Tensor:
+    """int32 [len + 1] on the host: the running sum of ``lengths``, from 0."""
     out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     out[1:] = torch.tensor(list(lengths), dtype=torch.int32).cumsum(0)
     return out
