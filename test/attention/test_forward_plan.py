@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_minima.layers.attention.forward_plan import plan_forward
+from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend, to_device
 from sglang_minima.layers.attention.plan import plan_batch
 from sglang_minima.mem_cache.device_routes import DeviceRouteCounter
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
@@ -123,6 +123,34 @@ def test_no_host_sync_on_cuda():
     torch.cuda.synchronize()
     cpu = plan_forward(req_to_token.cpu(), *(a.cpu() for a in args), fmt.cpu(), phys.cpu(), PS, max_pages=8)
     assert torch.equal(plan.tq3.pages.cpu(), cpu.tq3.pages) and torch.equal(plan.hot.indptr.cpu(), cpu.hot.indptr)
+
+
+@pytest.mark.gpu
+def test_the_extend_split_reads_the_device_once_on_cuda():
+    """split_extend's one host read (the batch's TQ3 page counts) is its only sync: its host lists go
+    to the device through pinned memory, asynchronously. Equal to the same split on CPU."""
+    import warnings
+
+    req_to_token = (torch.arange(64, dtype=torch.int32).view(2, 32) + PS).cuda()
+    fmt = torch.tensor([FMT_HOT] + [FMT_TQ3] * 3 + [FMT_HOT] * 13, dtype=torch.int8, device="cuda")
+    phys = torch.arange(17, dtype=torch.int32, device="cuda")
+    rows, kv_lens, q_lens = [0, 1], [30, 17], [9, 17]  # row 0: pages 1-3 TQ3 read by 9 new tokens
+    args = (to_device(rows, torch.int64, "cuda"), to_device(kv_lens, torch.int32, "cuda"),
+            to_device(q_lens, torch.int32, "cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            split = split_extend(plan_forward(req_to_token, *args, fmt, phys, PS, max_pages=8), q_lens, kv_lens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    cpu = split_extend(plan_forward(req_to_token.cpu(), torch.tensor(rows), torch.tensor(kv_lens),
+                                    torch.tensor(q_lens), fmt.cpu(), phys.cpu(), PS, max_pages=8), q_lens, kv_lens)
+    assert torch.equal(split.prefix_indptr, cpu.prefix_indptr) and torch.equal(split.prefix_slots.cpu(), cpu.prefix_slots)
+    assert [t.pages.cpu().tolist() for t in split.tq3] == [t.pages.tolist() for t in cpu.tq3] == [[1, 2, 3]]
 
 
 @settings(max_examples=100, deadline=None)

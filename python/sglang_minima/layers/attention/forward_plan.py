@@ -185,17 +185,17 @@ def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int
     live = e < hot_indptr[-1]
     offset = torch.arange(p, device=device)
     position = plan.hot.page_index.to(torch.int64).unsqueeze(1) * p + offset
-    prefix_end = torch.tensor([k - q for k, q in zip(kv_lens, q_lens)], dtype=torch.int64, device=device)
+    prefix_end = to_device([k - q for k, q in zip(kv_lens, q_lens)], torch.int64, device)
     keep = live.unsqueeze(1) & (position < prefix_end[req].unsqueeze(1))
     rank = (e - hot_indptr[req]).unsqueeze(1) * p + offset
-    dest = torch.where(keep, prefix_indptr.to(device=device, dtype=torch.int64)[req].unsqueeze(1) + rank, total)
+    dest = torch.where(keep, to_device(prefix_indptr.tolist(), torch.int64, device)[req].unsqueeze(1) + rank, total)
     slots = torch.zeros(total + 1, dtype=torch.int32, device=device)
     slots.scatter_(0, dest.flatten(), (plan.hot.pages.to(torch.int32).unsqueeze(1) * p + offset.to(torch.int32)).flatten())
 
     prefix_rows = None
     if any(n == 0 for n in prefix_lens) and any(prefix_lens):
-        flags = torch.tensor([n > 0 for n in prefix_lens])
-        prefix_rows = torch.repeat_interleave(flags, torch.tensor(list(q_lens))).to(device)
+        rows = [n > 0 for n, q in zip(prefix_lens, q_lens) for _ in range(q)]
+        prefix_rows = to_device(rows, torch.bool, device)
     q_starts = host_indptr(q_lens).tolist()
     tq3_starts = [0]
     for n in n_tq3:
@@ -209,3 +209,13 @@ def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int
         qo_indptr=host_indptr(q_lens), prefix_indptr=prefix_indptr, prefix_slots=slots[:total],
         prefix_rows=prefix_rows, tq3=tq3,
     )
+
+
+def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on ``device`` without a stream sync: through pinned memory, copied asynchronously
+    on CUDA (a pageable copy waits for the stream; the caching host allocator keeps the pinned
+    buffer until the copy is done)."""
+    host = torch.tensor(list(values), dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

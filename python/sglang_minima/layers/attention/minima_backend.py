@@ -38,7 +38,7 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
+from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend, to_device
 from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
 from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_batch
 from sglang_minima.ops import scratch
@@ -93,7 +93,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         kv_lens = forward_batch.seq_lens_cpu.tolist()
         plan = plan_forward(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
-            torch.tensor(q_lens, dtype=torch.int32), pool.page_table.fmt, pool.page_table.phys, p,
+            to_device(q_lens, torch.int32, forward_batch.seq_lens.device), pool.page_table.fmt, pool.page_table.phys, p,
             max(-(-k // p) for k in kv_lens),
         )
         try:
