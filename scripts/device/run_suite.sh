@@ -6,6 +6,8 @@
 #     E2E_ARGS (env): more flags for the e2e servers
 #   bash scripts/device/run_suite.sh serve [BUDGET_S]       # serving arms (ARMS=minima,sglang-fp8) in turn
 #   bash scripts/device/run_suite.sh greedy [BUDGET_S]      # diagnostic arms side by side: greedy agreement
+#   bash scripts/device/run_suite.sh capacity [BUDGET_S]    # bench_capacity.py: arms at one KV byte budget
+#     CAP_ARGS (env): its flags (default: Llama-3-8B-class, 8 then 16 x 32K prompts, 20 GiB of KV per arm)
 # `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
 # budget. Phases may run at once (separate work and output folders).
@@ -58,7 +60,16 @@ greedy)
     > "$WORK/greedy.log" 2>&1
   tail -30 "$WORK/greedy.log"
   ;;
-*) echo "usage: run_suite.sh tests|serve|greedy [BUDGET_S]"; exit 2 ;;
+capacity)
+  # every arm's server log lands in logs.tar.gz (SGLang's decode lines: the decode step at full batch)
+  # (--server-args takes the rest of the line: CAP_ARGS comes last)
+  timeout -s INT "$budget" python3 benchmark/serving/bench_capacity.py --work "$WORK/cap" --out "$OUT" --name capacity \
+    ${CAP_ARGS:---model llama3-8b-class --dataset random --input-len 32768 --output-len 256 --budget-mib 20480 \
+    --max-concurrency 8,16 --max-running-requests 16 --arms sglang-fp8,minima,minima-defer \
+    --server-args --context-length 34816 --cuda-graph-max-bs-decode 16} > "$WORK/capacity.log" 2>&1
+  tail -12 "$WORK/capacity.log"
+  ;;
+*) echo "usage: run_suite.sh tests|serve|greedy|capacity [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .
