@@ -114,16 +114,20 @@ def model_geometry(model_dir: Path) -> dict:
     }
 
 
-def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int) -> int:
-    """KV bytes per token, all layers: SGLang's own cell size, or the one Minima's hook gives it."""
+def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server_args: list[str] = ()) -> int:
+    """KV bytes per token, all layers: SGLang's own cell size, or the one Minima's hook gives it, for
+    the arm's flags followed by ``server_args`` (the server reads them in that order: the last wins)."""
     import torch
 
+    flags = [*arm.flags, *server_args]
+    if "--page-size" in server_args:
+        raise SystemExit("--server-args: give the page size with --page-size (the budget is sized with it)")
     dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     if arm.module != "sglang_minima.launch_server":
-        flags = arm.flags
-        fp8 = "--kv-cache-dtype" in flags and flags[flags.index("--kv-cache-dtype") + 1].startswith("fp8")
+        kv = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--kv-cache-dtype"]
+        fp8 = bool(kv) and kv[-1].startswith("fp8")
         return 2 * geometry["num_kv_heads"] * geometry["head_dim"] * (1 if fp8 else dtype_bytes) * geometry["num_layers"]
-    config = parse_minima_argv(split_minima_argv(arm.flags)[0])
+    config = parse_minima_argv(split_minima_argv(flags)[0])
     return minima_cell_size(config, page_size=page_size, model_dtype_bytes=dtype_bytes, **geometry)
 
 
@@ -194,7 +198,7 @@ def rounds(args) -> list[tuple[int, int]]:
     return list(zip(clients, prompts))
 
 
-DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
+DECODE_LINE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
 
 
 def decode_step(log_text: str) -> tuple[int, float]:
@@ -208,8 +212,11 @@ def decode_step(log_text: str) -> tuple[int, float]:
     return rows, round(rows / best * 1000, 2) if best > 0 else 0.0
 
 
-def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: dict, work: Path) -> list[ArmResult]:
-    per_token = bytes_per_token(arm, geometry, args.dtype, args.page_size)
+def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: dict, work: Path,
+            results: list[ArmResult]) -> None:
+    """Serve one arm and append a result per round to ``results`` as each ends (a round that fails
+    or is cut short keeps the rounds before it)."""
+    per_token = bytes_per_token(arm, geometry, args.dtype, args.page_size, args.server_args)
     tokens = int(args.budget_mib * 2**20 // per_token) // args.page_size * args.page_size
     common = ["--model-path", str(model_dir), *model_flags, "--dtype", args.dtype,
               "--page-size", str(args.page_size), "--max-total-tokens", str(tokens),
@@ -218,7 +225,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
         cpu = {"--device": "cpu", "--cuda-graph-backend-decode": "disabled", "--cuda-graph-backend-prefill": "disabled"}
         common += [x for flag, value in cpu.items() if flag not in arm.flags for x in (flag, value)]
     server = launch(common + arm.flags, work / f"{arm.name}.log", env=arm.env, module=arm.module)
-    results, before = [], None
+    before = None
     try:
         for clients, num_prompts in tqdm(rounds(args), desc=arm.name, leave=False):
             out_file = work / f"{arm.name}-c{clients}.jsonl"
@@ -253,9 +260,13 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters,
             ))
+            write(args, geometry, results)
     finally:
         server.stop()
-    return results
+
+
+def _ratio(num: float, den: float) -> str:
+    return f"{num / den:.2f}" if den else "-"
 
 
 def render(results: list[ArmResult]) -> str:
@@ -274,10 +285,10 @@ def render(results: list[ArmResult]) -> str:
         arm = r.arm + (" (no output: every request rejected)" if r.output_tokens_retokenized == 0 else "")
         lines.append(
             f"| {r.clients} | {r.num_prompts} | {arm} | {r.bytes_per_token:,.0f} | {r.max_total_tokens:,} "
-            f"| {r.max_total_tokens / base.max_total_tokens:.2f} | {r.peak_running_requests} | {r.peak_queued_requests} "
-            f"| {r.output_throughput:,.1f} | {r.output_throughput / base.output_throughput:.2f} "
+            f"| {_ratio(r.max_total_tokens, base.max_total_tokens)} | {r.peak_running_requests} | {r.peak_queued_requests} "
+            f"| {r.output_throughput:,.1f} | {_ratio(r.output_throughput, base.output_throughput)} "
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
-            f"| {base.mean_tpot_ms / r.mean_tpot_ms:.2f} "
+            f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
             f"| {f'{r.decode_step_ms} @ {r.decode_rows}' if r.decode_rows else '-'} | {c.get('converted', '-')} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} |")
     return "\n".join(lines)
@@ -324,16 +335,19 @@ def main() -> None:
     results: list[ArmResult] = []
     for name in tqdm(names, desc="arms"):
         try:
-            results += run_arm(known[name], args, model_dir, model_flags, geometry, args.work)
+            run_arm(known[name], args, model_dir, model_flags, geometry, args.work, results)
         except (RuntimeError, subprocess.CalledProcessError) as e:  # one arm that fails must not lose the others
             print(f"arm {name} failed: {e}"[-4000:], flush=True)
-        results.sort(key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
-        write(args, geometry, results)  # after every arm: a call cut short keeps what it measured
+    results.sort(key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
+    write(args, geometry, results)
     print(render(results))
     print(f"wrote {args.out / (args.name + '.json')}")
 
 
 def write(args, geometry: dict, results: list[ArmResult]) -> None:
+    """JSON + markdown of what is measured so far (after every round: a call cut short keeps it)."""
+    names = args.arms.split(",")
+    results = sorted(results, key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
     (args.out / f"{args.name}.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
          "command": " ".join(sys.argv), "args": {k: str(v) for k, v in vars(args).items()},

@@ -242,7 +242,8 @@ def tq3_to_fp8_kernel(
     threads: int = 128,
 ):
     """TQ3P pages -> FP8 pages (promotion): decode in the rotated space, un-rotate (R^T), divide by
-    the per-layer scale, cast to e4m3 (round to nearest even, saturating like torch's cast).
+    the per-layer scale (correctly rounded), cast to e4m3 (round to nearest even, saturating to
+    +-448): the bytes of the torch codec's ``fp8_requantize``.
     Shapes: tq3_i32 [n_tq3, page_bytes/4] int32 and tq3_f16 [n_tq3, page_bytes/2] fp16 (views of the
     same uint8 storage), src_pages / dst_pages [n], signs [H, D], kv_scale [2] -> k_fp8 / v_fp8
     [n_fp8, P, H, D] e4m3 (written)."""
@@ -266,9 +267,9 @@ def tq3_to_fp8_kernel(
     @T.macro
     def store_unrotated(x_s, dst, h, cache, scale, signs):
         _fwht_rows(x_s, P, D, log_d)
-        # x / scale correctly rounded, as torch 2.11's CUDA `x / scale` computes it (the codec's
-        # fp8_quantize, and SGLang's own write path): a multiply by the fp32 reciprocal differs where
-        # x / scale lies on an e4m3 rounding tie (119 of 393,216 bytes at head dim 256, scale 0.29)
+        # x / scale correctly rounded, as the codec's fp8_requantize divides: a multiply by the fp32
+        # reciprocal differs where x / scale lies on an e4m3 rounding tie (119 of 393,216 bytes at
+        # head dim 256, scale 0.29)
         for t, d in T.Parallel(P, D):
             cache[dst, t, h, d] = T.Cast(
                 T.float8_e4m3fn, T.ieee_fdiv(x_s[t, d] * T.float32(inv_sqrt_d) * signs[h, d], scale)
@@ -401,7 +402,7 @@ def tq3_to_fp8(
     v_scale: Scale = None,
 ) -> None:
     """Promote: TQ3P pages ``src_pages`` -> FP8 pages ``dst_pages`` of k/v ``[n_fp8, P, H, D]``, in
-    place; equals ``fp8_quantize(to_original_space(decode_pages(...)), scale)`` of the torch codec."""
+    place; equals ``fp8_requantize(to_original_space(decode_pages(...)), scale)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
     PageConversions(heads, page_size, dim).tq3_to_fp8(
         tq3_pages, src_pages.to(torch.int32), dst_pages.to(torch.int32), k_cache, v_cache,

@@ -24,6 +24,16 @@ tok.mkdir()
 geo = {n: bc.model_geometry(make_model(n, tmp, tok)) for n in ("llama3-8b-class", "qwen3.6-27b-class")}
 cuda = bc.arms("cuda", 0.1)
 per_token = {name: bc.bytes_per_token(arm, geo["llama3-8b-class"], "bfloat16", 64) for name, arm in cuda.items()}
+override = {
+    "minima": bc.bytes_per_token(cuda["minima"], geo["llama3-8b-class"], "bfloat16", 64,
+                                 ["--minima-fp8-page-fraction", "1.0"]),
+    "sglang": bc.bytes_per_token(cuda["sglang"], geo["llama3-8b-class"], "bfloat16", 64, ["--kv-cache-dtype", "fp8_e4m3"]),
+}
+try:
+    bc.bytes_per_token(cuda["minima"], geo["llama3-8b-class"], "bfloat16", 64, ["--page-size", "16"])
+    page_size_refused = None
+except SystemExit as e:
+    page_size_refused = str(e)
 rounds = bc.rounds(types.SimpleNamespace(max_concurrency="8,16", num_prompts=None, dataset="random"))
 try:
     bc.rounds(types.SimpleNamespace(max_concurrency="8,16", num_prompts="8", dataset="random"))
@@ -38,10 +48,12 @@ def result(arm, tokens, tput, tpot, out=100):
                         peak_queued_requests=0, output_tokens_retokenized=out)
 
 table = bc.render([result("sglang-fp8", 1000, 100.0, 40.0), result("minima", 1820, 150.0, 32.0),
-                   result("minima-lean", 3000, 0.5, 1.0, out=0)])
+                   result("minima-lean", 3000, 0.5, 1.0, out=0), result("minima-fp8", 1000, 0.0, 0.0, out=0)])
 log = "\n".join(f"[t] Decode batch, #running-req: {n}, #token: 9, token usage: 0.9, cuda graph: True, "
                 f"gen throughput (token/s): {tput}, #queue-req: 0" for n, tput in ((8, 600.0), (16, 800.0), (16, 944.0), (16, 1.5)))
-print(json.dumps({"decode": bc.decode_step(log), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
+log += "\n[t] Decode batch [1234], #running-req: 4, #token: 9, gen throughput (token/s): 400.0, #queue-req: 0"
+print(json.dumps({"override": override, "page_size_refused": page_size_refused,
+                  "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
                   "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
                   "rounds": rounds, "mismatch": mismatch, "table": table}))
 """
@@ -73,3 +85,9 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert minima[10] == "1.50"  # output throughput vs the baseline
     assert minima[14] == "1.25"  # baseline TPOT / Minima's: > 1 is faster
     assert "minima-lean (no output: every request rejected)" in rows
+    zero = rows["minima-fp8 (no output: every request rejected)"]  # a TPOT of 0: no ratio, no crash
+    assert zero[14] == "-" and zero[10] == "0.00"
+    # flags given to every arm count in its budget: the server reads them after the arm's own
+    assert got["override"]["minima"] == per["minima-fp8"] and got["override"]["sglang"] == per["sglang-fp8"]
+    assert "--page-size" in got["page_size_refused"]
+    assert got["iters"] == [4, 10.0]  # SGLang's line with LOG_FORWARD_ITERS: "Decode batch [N], ..."

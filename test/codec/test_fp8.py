@@ -63,3 +63,20 @@ def test_dequantize_equals_torch_cast_for_every_bit_pattern(dtype):
     assert int(nan.sum()) == 2 and torch.equal(torch.isnan(got), nan)  # 0x7F and 0xFF
     bits = torch.int16 if dtype != torch.float32 else torch.int32
     assert torch.equal(got[~nan].view(bits), want[~nan].view(bits))  # same bits, -0 included
+
+
+def test_requantize_divides_correctly_rounded_and_saturates():
+    """The promotion's quantizer (the promotion kernel's bytes): x / scale as an IEEE division, so a
+    value on an e4m3 rounding tie goes to the even code; out-of-range values saturate to +-448."""
+    from sglang_minima.codec.fp8 import fp8_requantize
+
+    # 1.8125 / 0.29 rounds to exactly 6.25 in fp32, halfway between e4m3 6.0 (0x4C) and 6.5 (0x4D)
+    tie = torch.tensor([1.8125, -1.8125])
+    assert float(tie[0] / torch.tensor(0.29)) == 6.25
+    assert fp8_requantize(tie, 0.29).tolist() == [0x4C, 0xCC]
+    # a multiply by the fp32 reciprocal lands above the tie: the byte the kernel used to write
+    assert (tie * float(torch.tensor(1.0) / torch.tensor(0.29))).to(torch.float8_e4m3fn).view(torch.uint8).tolist() == [0x4D, 0xCD]
+    assert fp8_requantize(torch.tensor([1000.0, -1000.0, float("nan")]), 1.0).tolist() == [0x7E, 0xFE, 0x7F]
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(3)) * 40
+    assert torch.equal(fp8_requantize(x, 0.37), (x / torch.tensor(0.37)).to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(fp8_requantize(x), fp8_quantize(x))

@@ -400,7 +400,7 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: f
         LayerRotation,
         TQ3PageLayout,
         decode_pages,
-        fp8_quantize,
+        fp8_requantize,
         to_original_space,
         tq3_codebook,
     )
@@ -418,8 +418,8 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: f
     tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=k_scale, v_scale=v_scale)
     torch.cuda.synchronize()
     k_rot, v_rot = decode_pages(tq3[src.long()], layout, tq3_codebook(d))
-    ref_k = fp8_quantize(to_original_space(k_rot, rotation), k_scale).transpose(1, 2)
-    ref_v = fp8_quantize(to_original_space(v_rot, rotation), v_scale).transpose(1, 2)
+    ref_k = fp8_requantize(to_original_space(k_rot, rotation), k_scale).transpose(1, 2)
+    ref_v = fp8_requantize(to_original_space(v_rot, rotation), v_scale).transpose(1, 2)
     bad_k = int((k_cache[dst.long()] != ref_k).sum())
     bad_v = int((v_cache[dst.long()] != ref_v).sum())
     print(f"tq3_to_fp8: {bad_k} K and {bad_v} V bytes differ of {ref_k.numel()} each")

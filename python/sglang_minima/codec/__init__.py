@@ -2,7 +2,7 @@
 
 from .accounting import PageBytes, bytes_per_token_table, fp8_bits, fp8_bytes, tq3_bits, tq3_bytes
 from .codebook import Codebook, tq3_codebook
-from .fp8 import FP8_DTYPE, fp8_dequantize, fp8_quantize
+from .fp8 import FP8_DTYPE, fp8_dequantize, fp8_quantize, fp8_requantize
 from .layout import LSE_BASE, TQ3PageLayout, fp8_page_bytes
 from .packing import pack_codes, unpack_codes
 from .rotation import LayerRotation, fwht
@@ -37,6 +37,7 @@ __all__ = [
     "fp8_dequantize",
     "fp8_page_bytes",
     "fp8_quantize",
+    "fp8_requantize",
     "fwht",
     "page_fields",
     "pack_codes",

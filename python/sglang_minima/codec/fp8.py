@@ -30,6 +30,18 @@ def fp8_quantize(x: torch.Tensor, scale: Scale = None) -> torch.Tensor:
     return x.to(FP8_DTYPE).view(torch.uint8)
 
 
+def fp8_requantize(x: torch.Tensor, scale: Scale = None) -> torch.Tensor:
+    """Decoded float pages -> uint8 e4m3 for a promotion (TQ3 back to FP8), as the promotion kernel
+    (``minima_kernels.convert.tq3_to_fp8``) writes them: ``x / scale`` correctly rounded (divided by a
+    tensor: a Python-float divisor may become a multiply by its reciprocal on CUDA, depending on the
+    torch version, and that differs on e4m3 rounding ties), saturated to +-448 (a TQ3 round trip may
+    overshoot the range its FP8 source had; torch 2.11's cast would give NaN there)."""
+    x = x.to(torch.float32)
+    if scale is not None:
+        x = x / torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(torch.uint8)
+
+
 _DECODE_TABLES: dict[torch.device, torch.Tensor] = {}
 
 

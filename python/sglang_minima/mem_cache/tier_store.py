@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from sglang_minima.codec.codebook import Codebook, tq3_codebook
-from sglang_minima.codec.fp8 import fp8_quantize
+from sglang_minima.codec.fp8 import fp8_requantize
 from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout, head_dim_fits, page_size_fits
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
@@ -331,10 +331,11 @@ class TieredPageStore:
         return k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
 
     def _store_hot_pages(self, layer: int, phys: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write [N, H, P, D] float pages into hot pages, quantized as set_kv_buffer would."""
+        """Write [N, H, P, D] decoded float pages into hot pages (a promotion: ``fp8_requantize``, the
+        promotion kernel's bytes)."""
         s = self.shape
         idx = phys.to(self.device)
         for buf, x, scale in ((self.hot_k, k, self.k_scales), (self.hot_v, v, self.v_scales)):
             x = x.permute(0, 2, 1, 3)
-            stored = fp8_quantize(x, scale[layer]) if self.is_fp8 else x.to(s.hot_dtype)
+            stored = fp8_requantize(x, scale[layer]) if self.is_fp8 else x.to(s.hot_dtype)
             buf[layer].view(s.num_hot_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)[idx] = stored

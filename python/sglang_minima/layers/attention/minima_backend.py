@@ -79,7 +79,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self._extend = None
         mode = forward_batch.forward_mode
         extend = mode == ForwardMode.EXTEND or mode.is_mixed()
-        if extend and not self._score_pages and forward_batch.seq_lens_cpu is not None:
+        if extend and not self._score_pages:
             with torch.profiler.record_function("minima.plan"):
                 if self._plan_extend(forward_batch):
                     return
@@ -90,7 +90,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         device; False where the split refuses the batch (then the torch path plans and attends it)."""
         pool, p = self.token_to_kv_pool, self.token_to_kv_pool.page_size
         q_lens = [int(n) for n in forward_batch.extend_seq_lens_cpu]
-        kv_lens = forward_batch.seq_lens_cpu.tolist()
+        kv_lens = _host_seq_lens(forward_batch)
         plan = plan_forward(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
             to_device(q_lens, torch.int32, forward_batch.seq_lens.device), pool.page_table.fmt, pool.page_table.phys, p,
@@ -113,7 +113,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         pool = self.token_to_kv_pool
         return plan_batch(
             self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices.tolist(),
-            forward_batch.seq_lens_cpu.tolist(), [int(n) for n in forward_batch.extend_seq_lens_cpu],
+            _host_seq_lens(forward_batch), [int(n) for n in forward_batch.extend_seq_lens_cpu],
             pool.page_table.fmt, pool.page_table.phys, pool.page_size,
         )
 
@@ -294,3 +294,9 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         """MinimaDecodeWrapper or MinimaPrefillWrapper for ``_kernel_key``'s geometry (they share the workspace)."""
         num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, q_dtype = key
         return cls(self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype)
+
+
+def _host_seq_lens(forward_batch: ForwardBatch) -> list[int]:
+    """The batch's sequence lengths on the host (SGLang's host copy; read back only where it has none)."""
+    seq_lens = forward_batch.seq_lens_cpu
+    return (seq_lens if seq_lens is not None else forward_batch.seq_lens.cpu()).tolist()
