@@ -338,16 +338,20 @@ def main() -> None:
             run_arm(known[name], args, model_dir, model_flags, geometry, args.work, results)
         except (RuntimeError, subprocess.CalledProcessError) as e:  # one arm that fails must not lose the others
             print(f"arm {name} failed: {e}"[-4000:], flush=True)
-    results.sort(key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
     write(args, geometry, results)
-    print(render(results))
+    print(render(ordered(results, args)))
     print(f"wrote {args.out / (args.name + '.json')}")
+
+
+def ordered(results: list[ArmResult], args) -> list[ArmResult]:
+    """By round (clients, prompts), then in --arms order: each round's arms side by side."""
+    names = args.arms.split(",")
+    return sorted(results, key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
 
 
 def write(args, geometry: dict, results: list[ArmResult]) -> None:
     """JSON + markdown of what is measured so far (after every round: a call cut short keeps it)."""
-    names = args.arms.split(",")
-    results = sorted(results, key=lambda r: (r.clients, r.num_prompts, names.index(r.arm)))
+    results = ordered(results, args)
     (args.out / f"{args.name}.json").write_text(json.dumps(
         {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
          "command": " ".join(sys.argv), "args": {k: str(v) for k, v in vars(args).items()},

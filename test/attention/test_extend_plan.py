@@ -93,15 +93,18 @@ def _buffers(n_hot: int, n_tq3: int, seed: int):
     return fp8_quantize(k8, 0.5), fp8_quantize(v8, 0.25), encode_pages(k3, v3, layout, rot, cb), layout, rot, cb
 
 
-@settings(max_examples=25, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(1, 5), st.integers(0, PS - 1), st.integers(1, 40), st.lists(st.booleans(), max_size=5)),
+def _requests(min_full_pages: int, max_full_pages: int, max_requests: int):
+    """Requests as (full pages before the queries, extra prefix tokens, queries, TQ3 flag per page)."""
+    return st.lists(
+        st.tuples(st.integers(min_full_pages, max_full_pages), st.integers(0, PS - 1), st.integers(1, 40),
+                  st.lists(st.booleans(), max_size=max_full_pages)),
         min_size=1,
-        max_size=3,
-    ),
-    st.integers(0, 100),
-)
+        max_size=max_requests,
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(_requests(1, 5, 3), st.integers(0, 100))
 def test_three_sets_merged_equal_the_causal_mixed_attention(shapes, seed):
     reqs = []
     for full_pages, extra, q_len, flags in shapes:
@@ -145,15 +148,7 @@ def test_three_sets_merged_equal_the_causal_mixed_attention(shapes, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 6), st.integers(0, PS - 1), st.integers(1, 40), st.lists(st.booleans(), max_size=6)),
-        min_size=1,
-        max_size=4,
-    ),
-    st.integers(0, 3),
-    st.booleans(),
-)
+@given(_requests(0, 6, 4), st.integers(0, 3), st.booleans())
 def test_the_device_split_equals_the_per_request_one(shapes, shared, overlap):
     """split_extend over plan_forward (one host read) against plan_extend over plan_batch, on random
     tables: hot and TQ3 pages mixed, partial pages, requests sharing the first pages of the first one

@@ -27,7 +27,14 @@ from typing import Sequence
 
 import torch
 
-from sglang_minima.layers.attention.plan import ExtendPlan, Tq3Prefix, check_tq3_before_queries, host_indptr
+from sglang_minima.layers.attention.plan import (
+    ExtendPlan,
+    Tq3Prefix,
+    check_tq3_before_queries,
+    host_indptr,
+    prefix_row_mask,
+    to_device,
+)
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 
 
@@ -192,30 +199,15 @@ def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int
     slots = torch.zeros(total + 1, dtype=torch.int32, device=device)
     slots.scatter_(0, dest.flatten(), (plan.hot.pages.to(torch.int32).unsqueeze(1) * p + offset.to(torch.int32)).flatten())
 
-    prefix_rows = None
-    if any(n == 0 for n in prefix_lens) and any(prefix_lens):
-        rows = [n > 0 for n, q in zip(prefix_lens, q_lens) for _ in range(q)]
-        prefix_rows = to_device(rows, torch.bool, device)
-    q_starts = host_indptr(q_lens).tolist()
-    tq3_starts = [0]
-    for n in n_tq3:
-        tq3_starts.append(tq3_starts[-1] + n)
+    qo_indptr = host_indptr(q_lens)
+    q_starts, tq3_starts = qo_indptr.tolist(), host_indptr(n_tq3).tolist()
     tq3 = tuple(
         Tq3Prefix(q_starts[i], int(q_lens[i]), plan.tq3.pages[tq3_starts[i] : tq3_starts[i + 1]].to(torch.int64))
         for i in range(batch)
         if n_tq3[i]
     )
     return ExtendPlan(
-        qo_indptr=host_indptr(q_lens), prefix_indptr=prefix_indptr, prefix_slots=slots[:total],
-        prefix_rows=prefix_rows, tq3=tq3,
+        qo_indptr=qo_indptr, prefix_indptr=prefix_indptr, prefix_slots=slots[:total],
+        prefix_rows=prefix_row_mask(prefix_lens, q_lens, device), tq3=tq3,
     )
 
-
-def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on ``device`` without a stream sync: through pinned memory, copied asynchronously
-    on CUDA (a pageable copy waits for the stream; the caching host allocator keeps the pinned
-    buffer until the copy is done)."""
-    host = torch.tensor(list(values), dtype=dtype)
-    if torch.device(device).type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)

@@ -248,18 +248,13 @@ def plan_extend(route: BatchRoute, page_size: int) -> ExtendPlan:
         for r, start in zip(tq3, ends):
             check_tq3_before_queries(start, r.kv_len, r.q_len, page_size)
     prefix_slots = [r.hot_slots[:n] for r, n in zip(requests, prefix_lens)]
-    prefix_rows = None
-    if any(n == 0 for n in prefix_lens) and any(prefix_lens):
-        prefix_rows = torch.repeat_interleave(
-            torch.tensor([n > 0 for n in prefix_lens], device=device), torch.tensor(q_lens, device=device)
-        )
     return ExtendPlan(
         qo_indptr=host_indptr(q_lens),
         prefix_indptr=host_indptr(prefix_lens),
         prefix_slots=(torch.cat(prefix_slots) if prefix_slots else torch.zeros(0, dtype=torch.int64, device=device)).to(
             torch.int32
         ),
-        prefix_rows=prefix_rows,
+        prefix_rows=prefix_row_mask(prefix_lens, q_lens, device),
         tq3=tuple(Tq3Prefix(r.q_start, r.q_len, r.tq3_pages) for r in tq3),
     )
 
@@ -279,3 +274,21 @@ def host_indptr(lengths: Sequence[int]) -> torch.Tensor:
     out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     out[1:] = torch.tensor(list(lengths), dtype=torch.int32).cumsum(0)
     return out
+
+
+def prefix_row_mask(prefix_lens: Sequence[int], q_lens: Sequence[int], device: torch.device) -> torch.Tensor | None:
+    """ExtendPlan.prefix_rows: bool [T], each query row's request has a hot prefix; None when all
+    or none do (then no row needs masking)."""
+    if not (any(n == 0 for n in prefix_lens) and any(prefix_lens)):
+        return None
+    return to_device([n > 0 for n, q in zip(prefix_lens, q_lens) for _ in range(q)], torch.bool, device)
+
+
+def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on ``device`` without a stream sync: through pinned memory, copied asynchronously
+    on CUDA (a pageable copy waits for the stream; the caching host allocator keeps the pinned
+    buffer until the copy is done)."""
+    host = torch.tensor(list(values), dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
