@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("minima_kernels.split_decode",),
     ("minima_kernels.tq3_decode", "minima_kernels.mixed_decode", "minima_kernels.fp8_decode",
      "minima_kernels.rotation_merge", "minima_kernels.convert"),
+    ("minima_kernels.decode_paths",),
     ("minima_kernels.decode", "minima_kernels.prefill"),
     ("minima_kernels",),
     ("sglang_minima.mem_cache",),

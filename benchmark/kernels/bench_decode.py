@@ -196,7 +196,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # its split rule with other FP8 chunk weights at 75% Stale, and where the grid takes several
             # waves, one split of each format (the rule's equal-work splits against the one-wave share)
             row["fused_splits"] = [wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits]
-            build = wrapper._tq3_build
+            build = wrapper.tq3_build
             if slots_per_pair(batch, h, build) < 2:
                 wrapper.plan(*plan_args, num_splits=1, num_fp8_splits=1)
                 row["minima_fused_one_split_each_ms"], _ = bench_ms(mixed)
@@ -263,9 +263,11 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # (FlashInfer for the FP8 part, planned last above)
             if not lean:
                 row["glue_ms"], _ = bench_ms(partial(run_glue, wrapper, gen_q, signs))
-                wrapper.overlap_fp8 = False
+                wrapper.overlap_fp8 = False  # (takes effect at the next plan)
+                wrapper.plan(*plan_args)
                 row["minima_serial_ms"], _ = bench_ms(mixed)
                 wrapper.overlap_fp8 = True
+                wrapper.plan(*plan_args)
         if n_tq3:  # the TQ3 kernel alone, with its own split rule (planned as the two-launch path does)
             wrapper.fp8_kernel = "flashinfer"
             wrapper.plan(*plan_args)

@@ -2,7 +2,8 @@
 
 One module per kernel, named for it:
 
-- ``MinimaDecodeWrapper`` (decode.py): mixed FP8 / TQ3 paged decode (plan once per batch shape, run per layer).
+- ``MinimaDecodeWrapper`` (decode.py): mixed FP8 / TQ3 paged decode (plan once per batch shape, run per
+  layer); its paths, one small class each (FP8 only, two-launch, fused), in decode_paths.py.
 - ``MinimaPrefillWrapper`` (prefill.py): extend / chunked prefill over a mixed prefix (FlashInfer over
   the new tokens and the FP8 hot prefix, the TQ3 prefix in bounded tiles, one LSE merge).
 - ``mixed_decode_kernel`` (mixed_decode.py): both formats' split partials in one TileLang grid (the default).

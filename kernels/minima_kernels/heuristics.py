@@ -192,6 +192,32 @@ def tilelang_fp8_applies(group_size: int, fp8_page_size: int) -> bool:
     return group_size <= FP8_HEADS_PER_TILE and fp8_page_size in TILELANG_FP8_PAGE_SIZES
 
 
+def compile_builds(
+    fp8_kernel: str,
+    group_size: int,
+    page_size: int,
+    head_dim: int,
+    fp8_page_size: int,
+    tq3_config: dict[str, int] | None = None,
+    fp8_config: dict[str, int] | None = None,
+) -> list[tuple[str, dict[str, int]]]:
+    """Every TileLang build that ``MinimaDecodeWrapper.plan`` may pick under ``fp8_kernel``, as
+    (kernel, build) with kernel "tq3" (``tq3_decode_kernel``), "mixed" (``mixed_decode_kernel``) or
+    "fp8" (``fp8_decode_kernel``), each once: ``tile_config``'s two TQ3 builds (one request, batches)
+    and their fused twins where the fused decode applies, ``fp8_tile_config``'s one- and two-page
+    steps where the TileLang FP8 decode does. ``*_config``: the wrapper's overrides."""
+    builds: list[tuple[str, dict[str, int]]] = []
+    for batch in (1, None):
+        tq3_build = {**tile_config(group_size, page_size, head_dim, batch), **(tq3_config or {})}
+        builds.append(("tq3", tq3_build))
+        if fp8_kernel in ("auto", "fused") and fp8_page_size == page_size:
+            builds.append(("mixed", fused_build_of(tq3_build, page_size)))
+    if fp8_kernel in ("auto", "tilelang") and tilelang_fp8_applies(group_size, fp8_page_size):
+        for pages_per_split in (1, TWO_PAGE_STEP_MIN_PAGES):
+            builds.append(("fp8", {**fp8_tile_config(fp8_page_size, head_dim, pages_per_split), **(fp8_config or {})}))
+    return [b for i, b in enumerate(builds) if b not in builds[:i]]
+
+
 @dataclass(frozen=True)
 class DecodePath:
     """How one batch is decoded: the fused grid, or the two-launch path with the TileLang FP8 decode

@@ -4,7 +4,8 @@ TileLang kernels (nvcc) and FlashInfer's JIT modules each take seconds to tens o
 built one after another inside the tests they would eat most of a device call. Threads overlap the
 nvcc/ninja subprocesses on the device's CPU cores; the caches they fill (~/.tilelang, ~/.cache/flashinfer)
 serve the tests and the benchmark that follow in the same call. ``--serving``: only the decode
-kernels ``--attention-backend minima`` builds for the device e2e suite's models.
+kernels ``--attention-backend minima`` builds for the device e2e suite's models; ``--tests``: only
+those of test/gpu/test_kernels.py (its geometries, conversions included).
 """
 
 import sys
@@ -36,10 +37,11 @@ def library_tq3_builds(g: int, p: int, d: int) -> list[dict]:
     return [tile_config(g, p, d), tile_config(g, p, d, 1)]
 
 
-def tilelang_jobs(decode_only: bool):
-    """All kernels of the tests and the benchmark; with decode_only, those of the decode tests and
-    the decode benchmark (no conversions: the benchmark encodes its TQ3 pools with the torch codec)."""
-    for hq, h, d, p in sorted(set(TEST_GEOMETRIES + BENCH_GEOMETRIES)):
+def tilelang_jobs(decode_only: bool, geometries=None):
+    """All kernels of the tests and the benchmark (``geometries``: only these, e.g. TEST_GEOMETRIES
+    for the GPU tests alone); with decode_only, those of the decode tests and the decode benchmark
+    (no conversions: the benchmark encodes its TQ3 pools with the torch codec)."""
+    for hq, h, d, p in sorted(set(geometries or TEST_GEOMETRIES + BENCH_GEOMETRIES)):
         g = hq // h
         # the batch build, the single-request one, test_mixed_decode_with_another_tq3_build's (each once)
         builds = library_tq3_builds(g, p, d)
@@ -176,6 +178,8 @@ def main() -> int:
             jobs = list(serving_jobs(geometries)) + list(flashinfer_jobs(geometries))
         else:
             jobs = list(serving_jobs())
+    elif "--tests" in sys.argv:  # test/gpu/test_kernels.py's kernels alone (no benchmark builds)
+        jobs = list(tilelang_jobs(False, TEST_GEOMETRIES)) + list(flashinfer_jobs(TEST_GEOMETRIES))
     elif "--variants-only" in sys.argv:  # for bench_decode.py --variants-only
         jobs = list(variant_jobs())
     else:

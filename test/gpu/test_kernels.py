@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from minima_kernels.decode_paths import FusedDecode
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,11 +40,10 @@ def _run_poisoned(wrapper, batch, **plan_kwargs) -> tuple[torch.Tensor, torch.Te
     wrapper.plan(*batch.plan_args(), **plan_kwargs)
     bufs = []
     if wrapper.tq3_plan is not None:
-        p = wrapper.tq3_plan
-        bufs += [p.out_partial, p.lse_partial, p.out, p.lse]
+        bufs += [wrapper.tq3_plan.out_partial, wrapper.tq3_plan.lse_partial]
     if wrapper.fp8_plan is not None:
         bufs += [wrapper.fp8_plan.out_partial, wrapper.fp8_plan.lse_partial]
-    bufs += [wrapper._out, wrapper._lse]  # what the mixed decode returns (its epilogue's outputs)
+    bufs += [wrapper.decode.out.out, wrapper.decode.out.lse]  # what the mixed decode returns (its epilogue's outputs)
     for buf in bufs:
         buf.fill_(float("nan"))
     out, lse = wrapper.run(
@@ -96,8 +96,8 @@ def test_mixed_decode_with_another_tq3_build(hq: int, h: int, d: int, p: int, tq
     wrapper = _wrapper(hq, h, d, p, "tilelang", tq3_config=tq3_config)
     _check(batch, *_run_poisoned(wrapper, batch), hq, d)
     build = {**tile_config(hq // h, p, d, 3), **tq3_config}
-    assert wrapper._tq3_build == build
-    assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper._tq3_kernel.get_kernel_source()
+    assert wrapper.tq3_build == build
+    assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper.decode.tq3_kernel.get_kernel_source()
     assert wrapper.tq3_plan.num_splits == choose_num_splits(3, h, 57, p, d, build=build)
     with pytest.raises(ValueError, match="tq3_config: unknown options"):
         _wrapper(hq, h, d, p, tq3_config={"warp": 4})
@@ -142,7 +142,7 @@ def test_request_without_fp8_pages(fp8_kernel: str) -> None:
     wrapper = _wrapper(hq, h, d, p, fp8_kernel)
     _check(batch, *_run_poisoned(wrapper, batch), hq, d)
     assert (wrapper.fp8_plan is not None) == (fp8_kernel != "flashinfer")
-    assert (wrapper._mixed_kernel is not None) == (fp8_kernel == "fused")
+    assert isinstance(wrapper.decode, FusedDecode) == (fp8_kernel == "fused")
 
 
 @pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16])
@@ -158,7 +158,7 @@ def test_fused_decode_nan_slots_ragged_splits(hq: int, h: int, d: int, p: int, q
     batch.q = batch.q.to(q_dtype)
     wrapper = _wrapper(hq, h, d, p, "fused", q_dtype=q_dtype)
     out, lse = _run_poisoned(wrapper, batch, num_splits=5, num_fp8_splits=8)
-    assert wrapper._mixed_kernel is not None and wrapper.fp8_plan.num_splits == 8 and wrapper.tq3_plan.num_splits == 5
+    assert isinstance(wrapper.decode, FusedDecode) and wrapper.fp8_plan.num_splits == 8 and wrapper.tq3_plan.num_splits == 5
     _check(batch, out, lse, hq, d)
     eager_out, eager_lse = out.clone(), lse.clone()
     args = (batch.q, (batch.k_fp8.view(torch.float8_e4m3fn), batch.v_fp8.view(torch.float8_e4m3fn)), batch.tq3_pages, batch.rotation.signs.cuda())
@@ -167,11 +167,11 @@ def test_fused_decode_nan_slots_ragged_splits(hq: int, h: int, d: int, p: int, q
         wrapper.run(*args, k_scale=batch.k_scale, v_scale=batch.v_scale)
         with torch.cuda.graph(graph, stream=stream):
             wrapper.run(*args, k_scale=batch.k_scale, v_scale=batch.v_scale)
-    for buf in (wrapper.tq3_plan.out_partial, wrapper.fp8_plan.out_partial, wrapper._out, wrapper._lse):
+    for buf in (wrapper.tq3_plan.out_partial, wrapper.fp8_plan.out_partial, wrapper.decode.out.out, wrapper.decode.out.lse):
         buf.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(wrapper._out.view(torch.int16), eager_out.view(torch.int16)) and torch.equal(wrapper._lse, eager_lse)
+    assert torch.equal(wrapper.decode.out.out.view(torch.int16), eager_out.view(torch.int16)) and torch.equal(wrapper.decode.out.lse, eager_lse)
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
@@ -183,7 +183,7 @@ def test_fused_decode_many_splits_is_the_default(hq: int, h: int, d: int, p: int
     batch = make_batch(hq, h, d, p, [30, 2], [200, 7], [p - 1, 4], seed=hq + 41)
     wrapper = _wrapper(hq, h, d, p, "auto")
     out, lse = _run_poisoned(wrapper, batch, num_splits=40, num_fp8_splits=24)
-    assert wrapper._mixed_kernel is not None
+    assert isinstance(wrapper.decode, FusedDecode)
     _check(batch, out, lse, hq, d)
 
 
@@ -217,9 +217,9 @@ def test_single_request_takes_its_own_build(hq: int, h: int, d: int, p: int) -> 
     for batch, size in ((one, 1), (three, 3), (one, 1)):
         _check(batch, *_run_poisoned(wrapper, batch), hq, d)
         build = tile_config(hq // h, p, d, size)
-        assert wrapper._tq3_build == build
-        assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper._tq3_kernel.get_kernel_source()
-    assert len(wrapper._tq3_kernels) == (1 if d == 128 else 2)
+        assert wrapper.tq3_build == build
+        assert f"__launch_bounds__({32 * build['warps']}, {build['min_blocks']})" in wrapper.decode.tq3_kernel.get_kernel_source()
+    assert wrapper.builds["tq3"] == (1 if d == 128 else 2)
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
@@ -237,9 +237,9 @@ def test_fp8_build_follows_split_length(hq: int, h: int, d: int, p: int) -> None
         _check(batch, *_run_poisoned(wrapper, batch), hq, d)
         splits = choose_fp8_splits(size, h, max_pages)
         assert wrapper.fp8_plan.num_splits == splits
-        assert wrapper._fp8_build == fp8_tile_config(p, d, math.ceil(max_pages / splits))
-        assert wrapper._fp8_build["pages_per_step"] == (2 if two_pages else 1)
-    assert len(wrapper._fp8_kernels) == (2 if d <= 128 else 1)
+        assert wrapper.fp8_build == fp8_tile_config(p, d, math.ceil(max_pages / splits))
+        assert wrapper.fp8_build["pages_per_step"] == (2 if two_pages else 1)
+    assert wrapper.builds["fp8"] == (2 if d <= 128 else 1)
 
 
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
@@ -250,12 +250,12 @@ def test_compile_builds_every_kernel_plan_picks(hq: int, h: int, d: int, p: int)
 
     wrapper = _wrapper(hq, h, d, p, "auto")
     made = wrapper.compile()
-    assert made == len(wrapper._tq3_kernels) + len(wrapper._mixed_kernels) + len(wrapper._fp8_kernels) > 0
+    assert made == sum(wrapper.builds.values()) > 0
     q = torch.zeros(1, hq, d, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="before plan"):
         wrapper.run(q, None, None, torch.ones(h, d, device="cuda"))
     assert wrapper.compile() == 0
-    sizes = (len(wrapper._tq3_kernels), len(wrapper._mixed_kernels), len(wrapper._fp8_kernels))
+    sizes = dict(wrapper.builds)
     cases = [
         ([3], [45], [p - 2]),
         ([400], [40], [p - 3]),
@@ -266,7 +266,7 @@ def test_compile_builds_every_kernel_plan_picks(hq: int, h: int, d: int, p: int)
     for seed, (fp8_pages, tq3_pages, last) in enumerate(cases):
         batch = make_batch(hq, h, d, p, fp8_pages, tq3_pages, last, seed=hq + 40 + seed)
         _check(batch, *_run_poisoned(wrapper, batch), hq, d)
-    assert (len(wrapper._tq3_kernels), len(wrapper._mixed_kernels), len(wrapper._fp8_kernels)) == sizes
+    assert wrapper.builds == sizes
 
 
 def test_long_context_many_splits() -> None:

@@ -152,3 +152,37 @@ def test_graph_splits_come_from_the_batch_and_the_longest_context(batch, kv_head
     assert got == splits
     fp8 = min(GRAPH_FP8_PAGES, max_pages)  # choose_mixed_splits for requests of the whole context
     assert got == choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build)
+
+
+def test_compile_builds_cover_every_path_choice() -> None:
+    # compile()'s list: for "auto" at Llama-3-8B-class (group 4, head dim 128, pages of 64), the TQ3
+    # build of one request and of batches (equal at head dim 128, so once), its fused twin, and the
+    # TileLang FP8 decode's one- and two-page steps; every build choose_path's plans take is in it
+    from minima_kernels.heuristics import (
+        TWO_PAGE_STEP_MIN_PAGES,
+        compile_builds,
+        fp8_tile_config,
+        fused_build_of,
+        tile_config,
+    )
+
+    builds = compile_builds("auto", 4, 64, 128, 64)
+    tq3 = tile_config(4, 64, 128, None)
+    assert builds == [
+        ("tq3", tq3),
+        ("mixed", fused_build_of(tq3, 64)),
+        ("fp8", fp8_tile_config(64, 128, 1)),
+        ("fp8", fp8_tile_config(64, 128, TWO_PAGE_STEP_MIN_PAGES)),
+    ]
+    # head dim 256 has a batch-1 TQ3 build of its own, and one FP8 step size
+    kinds = [kernel for kernel, _ in compile_builds("auto", 6, 64, 256, 64)]
+    assert kinds == ["tq3", "mixed", "tq3", "mixed", "fp8"]
+    # what each choice may launch: FlashInfer's FP8 part builds no FP8 kernel; FP8 pages of another
+    # size never take the fused decode; GQA groups over 16 heads never the TileLang FP8 decode
+    assert {k for k, _ in compile_builds("flashinfer", 4, 64, 128, 64)} == {"tq3"}
+    assert {k for k, _ in compile_builds("auto", 4, 64, 128, 32)} == {"tq3", "fp8"}
+    assert {k for k, _ in compile_builds("auto", 24, 64, 128, 64)} == {"tq3", "mixed"}
+    # the wrapper's overrides reach every build they apply to
+    over = compile_builds("auto", 4, 64, 128, 64, tq3_config={"warps": 4}, fp8_config={"stages": 3})
+    assert all(b["warps"] == 4 for k, b in over if k in ("tq3", "mixed"))
+    assert all(b["stages"] == 3 for k, b in over if k == "fp8")

@@ -1,8 +1,7 @@
-"""On CUDA the store retiers pages through the TileLang kernel: the same TQ3 bytes as the torch codec's
-store, every layer, with FP8 scales != 1, and the same FP8 bytes once promoted (promotion runs on the
-codec: kernel_conversions.py says why); run on the device machine. On CPU the store's kernel wiring
-(views, page ids, per-layer signs and scales) runs against a stand-in that follows the kernel's
-contract with the torch codec."""
+"""On CUDA the store converts pages through the TileLang kernels: the same TQ3 bytes as the torch
+codec's store, every layer, with FP8 scales != 1, and the same FP8 bytes once promoted back; run on
+the device machine. On CPU the store's kernel wiring (views, page ids, per-layer signs and scales)
+runs against a stand-in that follows the kernels' contract with the torch codec."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ import torch
 
 from sglang_minima.codec import LayerRotation, TQ3PageLayout
 from sglang_minima.codec.codebook import tq3_codebook
-from sglang_minima.codec.fp8 import fp8_quantize
-from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.codec.fp8 import fp8_quantize, fp8_requantize
+from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.mem_cache import kernel_conversions
 from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore
 
@@ -23,13 +22,13 @@ GEOMETRIES = [(3, 64, 64), (8, 128, 64), (4, 256, 32)]  # kv heads, head dim, pa
 
 
 class CodecPageConversions:
-    """``minima_kernels.PageConversions.fp8_to_tq3``'s contract, computed by the torch codec (CPU stand-in)."""
+    """``minima_kernels.PageConversions``' contract (both directions), computed by the torch codec (CPU stand-in)."""
 
     def __init__(self, heads: int, page_size: int, head_dim: int):
         self.layout = TQ3PageLayout(heads, page_size, head_dim)
         self.codebook = tq3_codebook(head_dim)
 
-    encode_kernel = "built"  # the real one compiles it here
+    encode_kernel = decode_kernel = "built"  # the real ones compile here
 
     def _rotation(self, signs):
         rotation = LayerRotation(self.layout.num_kv_heads, self.layout.head_dim, 0, 0, signs.device)
@@ -41,6 +40,14 @@ class CodecPageConversions:
         k, v = (c.view(torch.uint8)[src.long()].transpose(1, 2) for c in (k_cache, v_cache))
         tq3_pages[dst.long()] = encode_pages(k, v, self.layout, self._rotation(signs), self.codebook,
                                              k_scale=float(scales[0]), v_scale=float(scales[1]))
+
+    def tq3_to_fp8(self, tq3_pages, src, dst, k_cache, v_cache, signs, scales):
+        assert src.dtype == dst.dtype == torch.int32 and scales.dtype == torch.float32
+        k_rot, v_rot = decode_pages(tq3_pages[src.long()], self.layout, self.codebook)
+        rotation = self._rotation(signs)
+        for cache, x, scale in ((k_cache, k_rot, scales[0]), (v_cache, v_rot, scales[1])):
+            x = to_original_space(x, rotation).transpose(1, 2)  # [N, P, H, D]
+            cache.view(torch.uint8)[dst.long()] = fp8_requantize(x, float(scale))
 
 
 def _stores(heads, dim, page_size, device):

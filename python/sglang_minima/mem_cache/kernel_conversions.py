@@ -1,18 +1,15 @@
-"""The store's FP8 -> TQ3 conversions on CUDA: the TileLang kernel (``minima_kernels.PageConversions``).
+"""The store's page conversions on CUDA: the TileLang kernels (``minima_kernels.PageConversions``).
 
 The torch codec converts a batch of pages with ~400 small ops per layer (each a launch on the GPU:
-~12,000 for a 30-layer model, the largest host cost of a decode step that converts); the kernel does
-it in one launch per layer and writes the codec's exact bytes (tested bit for bit against it:
-test/gpu/test_kernels.py; inside the store: test/mem_cache/test_kernel_conversions.py). Used where
-it applies: a CUDA store with FP8 hot pages and a power-of-two head dim (the Hadamard rotation), the
-``gpu`` extra installed.
+~12,000 for a 30-layer model, the largest host cost of a decode step that converts); the kernels do
+it in one launch per layer and write the codec's exact bytes both ways (tested bit for bit against
+it: test/gpu/test_kernels.py; inside the store: test/mem_cache/test_kernel_conversions.py). Used
+where they apply: a CUDA store with FP8 hot pages and a power-of-two head dim (the Hadamard
+rotation), the ``gpu`` extra installed.
 
-Promotion (TQ3 -> FP8, rare: a Stale page back in Recent/Anchor) stays on the torch codec for now:
-the kernel re-quantized with an IEEE division by the FP8 scale where CUDA torch (and so SGLang's own
-write path) multiplies by its reciprocal, and with a scale that is not a power of two one byte of
-the 131,072 first compared differed (test/mem_cache/test_kernel_conversions.py on the H200,
-2026-12-02). The kernel now multiplies by the reciprocal too; it moves here once its kernel test with
-such a scale has passed on the device.
+Promotion (TQ3 -> FP8) re-quantizes with ``x / scale`` correctly rounded (``T.ieee_fdiv``), as the
+codec's ``fp8_requantize`` does: a multiply by the reciprocal differs from it on e4m3 rounding ties
+(119 bytes in one 256-dim test on the H200, 2026-12-02: docs/results/device/promote_ties_1607.log).
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class KernelConversions:
-    """FP8 -> TQ3 for every layer of a batch of pages, one kernel launch per layer. ``store`` is a
+    """FP8 <-> TQ3 for every layer of a batch of pages, one kernel launch per layer. ``store`` is a
     ``TieredPageStore`` (its shape, buffers, rotations and FP8 scales are read at each call)."""
 
     def __init__(self, store):
@@ -36,7 +33,8 @@ class KernelConversions:
         s = store.shape
         self.store = store
         self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim)
-        _ = self.kernels.encode_kernel  # built (or loaded from TileLang's cache) now, not at the first conversion
+        # built (or loaded from TileLang's cache) now, not at the first conversion
+        _ = self.kernels.encode_kernel, self.kernels.decode_kernel
         self._scales: list[tuple[tuple[float, float], torch.Tensor] | None] = [None] * s.num_layers
 
     def _layer_scales(self, layer: int) -> torch.Tensor:
@@ -60,6 +58,15 @@ class KernelConversions:
             k, v = self._caches(layer)
             self.kernels.fp8_to_tq3(
                 k, v, src, dst, self.store.tq3[layer], self.store.rotations[layer].signs, self._layer_scales(layer)
+            )
+
+    def decode(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """TQ3 pages ``src`` -> hot pages ``dst`` (device page ids), every layer: a promotion."""
+        src, dst = src.to(torch.int32), dst.to(torch.int32)
+        for layer in range(self.store.shape.num_layers):
+            k, v = self._caches(layer)
+            self.kernels.tq3_to_fp8(
+                self.store.tq3[layer], src, dst, k, v, self.store.rotations[layer].signs, self._layer_scales(layer)
             )
 
 

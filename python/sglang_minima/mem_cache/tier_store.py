@@ -2,7 +2,7 @@
 
 It owns the page table, the two physical pools with their reference counts and release
 quarantines, the step count, the hot (FP8) and TQ3 buffers of every layer, and the conversions
-between the two formats (the torch codec; on CUDA, FP8 -> TQ3 through the TileLang kernel: kernel_conversions.py).
+between the two formats (the torch codec; on CUDA, the TileLang kernels: kernel_conversions.py).
 ``MinimaKVPool`` wraps one store inside SGLang; tests drive a store directly.
 
 Ownership (see README.md): SGLang owns logical pages (request rows, tree, locks). A logical page
@@ -143,7 +143,7 @@ class TieredPageStore:
             for i in range(shape.num_layers)
         ]
         self.codebook: Codebook = tq3_codebook(shape.head_dim).to(self.device)
-        # On CUDA the TileLang kernel retiers (one launch per layer, the codec's bytes); else the torch codec.
+        # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes); else the torch codec.
         self.kernels: KernelConversions | None = kernel_conversions(self) if conversion_kernels else None
 
     def _zeros(self, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -260,7 +260,7 @@ class TieredPageStore:
         pages = pages.to(device=self.device, dtype=torch.int64)
         pt = self.page_table
         pages = pages[pt.mapped[pages] & (pt.fmt[pages] == FMT_TQ3)]
-        copy = self._per_layer(self._decode_layer)  # the codec on every device (kernel_conversions.py says why)
+        copy = self.kernels.decode if self.kernels is not None else self._per_layer(self._decode_layer)
         return self._convert(pages, self.tq3_pool, self.hot_pool, FMT_HOT, copy, self.stats.promote)
 
     def _per_layer(self, copy_layer: Callable[[int, torch.Tensor, torch.Tensor], None]):
