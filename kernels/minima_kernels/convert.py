@@ -1,4 +1,5 @@
-"""Batched page conversions in TileLang: FP8 -> TQ3 (retier) and TQ3 -> FP8 (promote).
+"""Batched page conversions in TileLang: FP8 -> TQ3 (retier) and TQ3 -> FP8 (promote); TQ3 -> bf16
+attention operands (the prefill's bounded tile of a TQ3 prefix).
 
 Both replicate the torch codec (``sglang_minima.codec``) bit for bit, one IEEE fp32 operation per
 codec step and in the codec's order: the FWHT butterflies run stage h = 1, 2, 4, ... then one
@@ -240,13 +241,20 @@ def tq3_to_fp8_kernel(
     inv_sqrt_d: float,
     *,
     threads: int = 128,
+    output: str = "fp8_pages",
 ):
     """TQ3P pages -> FP8 pages (promotion): decode in the rotated space, un-rotate (R^T), divide by
     the per-layer scale (correctly rounded), cast to e4m3 (round to nearest even, saturating to
     +-448): the bytes of the torch codec's ``fp8_requantize``.
     Shapes: tq3_i32 [n_tq3, page_bytes/4] int32 and tq3_f16 [n_tq3, page_bytes/2] fp16 (views of the
     same uint8 storage), src_pages / dst_pages [n], signs [H, D], kv_scale [2] -> k_fp8 / v_fp8
-    [n_fp8, P, H, D] e4m3 (written)."""
+    [n_fp8, P, H, D] e4m3 (written).
+
+    ``output="bf16_heads"``: the decoded, un-rotated pages as bf16 keys and values for attention (the
+    prefill's bounded TQ3 tile): tq3_i32, tq3_f16, src_pages [n], signs -> k_out / v_out [H, m, D]
+    bf16 (m >= n * P), the c-th listed page in tokens c * P .. c * P + P - 1 of every head."""
+    if output not in ("fp8_pages", "bf16_heads"):
+        raise ValueError(f"output={output!r}: 'fp8_pages' or 'bf16_heads'")
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)
@@ -263,6 +271,22 @@ def tq3_to_fp8_kernel(
             w1 = tq3_i32[src, base + 1]
             w2 = tq3_i32[src, base + 2]
             _store_triple(code_s, chunk, lane, triple, kind, (w0, w1, w2))
+
+    @T.macro
+    def decode_keys(tq3_i32, tq3_f16, src, h, x_s, code_s):
+        unpack(tq3_i32, src, h, layout.k_codes_offset, KEY, code_s)
+        for t, d in T.Parallel(P, D):
+            x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
+                centroids, code_s[t, d]
+            )
+
+    @T.macro
+    def decode_values(tq3_i32, tq3_f16, src, h, x_s, code_s):
+        unpack(tq3_i32, src, h, layout.v_codes_offset, VALUE, code_s)
+        for t, d in T.Parallel(P, D):
+            x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.v_scale_offset // 2 + h * P + t]) * T.Cast(
+                T.float32, code_s[t, d]
+            ) + T.Cast(T.float32, tq3_f16[src, layout.v_zero_offset // 2 + h * P + t])
 
     @T.macro
     def store_unrotated(x_s, dst, h, cache, scale, signs):
@@ -291,20 +315,38 @@ def tq3_to_fp8_kernel(
             code_s = T.alloc_shared([P, D], T.int32)
             src = src_pages[c]
             dst = dst_pages[c]
-            unpack(tq3_i32, src, h, layout.k_codes_offset, KEY, code_s)
-            for t, d in T.Parallel(P, D):
-                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
-                    centroids, code_s[t, d]
-                )
+            decode_keys(tq3_i32, tq3_f16, src, h, x_s, code_s)
             store_unrotated(x_s, dst, h, k_fp8, kv_scale[0], signs)
-            unpack(tq3_i32, src, h, layout.v_codes_offset, VALUE, code_s)
-            for t, d in T.Parallel(P, D):
-                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.v_scale_offset // 2 + h * P + t]) * T.Cast(
-                    T.float32, code_s[t, d]
-                ) + T.Cast(T.float32, tq3_f16[src, layout.v_zero_offset // 2 + h * P + t])
+            decode_values(tq3_i32, tq3_f16, src, h, x_s, code_s)
             store_unrotated(x_s, dst, h, v_fp8, kv_scale[1], signs)
 
-    return tq3_to_fp8
+    m = T.dynamic("m")
+
+    @T.macro
+    def store_heads(x_s, c, h, out, signs):
+        _fwht_rows(x_s, P, D, log_d)
+        for t, d in T.Parallel(P, D):
+            out[h, c * P + t, d] = T.Cast(T.bfloat16, x_s[t, d] * T.float32(inv_sqrt_d) * signs[h, d])
+
+    @T.prim_func
+    def tq3_to_bf16_heads(
+        tq3_i32: T.Tensor([n_tq3, layout.page_bytes // 4], T.int32),
+        tq3_f16: T.Tensor([n_tq3, layout.page_bytes // 2], T.float16),
+        src_pages: T.Tensor([n], T.int32),
+        signs: T.Tensor([H, D], T.float32),
+        k_out: T.Tensor([H, m, D], T.bfloat16),
+        v_out: T.Tensor([H, m, D], T.bfloat16),
+    ):
+        with T.Kernel(n, H, threads=threads) as (c, h):
+            x_s = T.alloc_shared([P, D], T.float32)
+            code_s = T.alloc_shared([P, D], T.int32)
+            src = src_pages[c]
+            decode_keys(tq3_i32, tq3_f16, src, h, x_s, code_s)
+            store_heads(x_s, c, h, k_out, signs)
+            decode_values(tq3_i32, tq3_f16, src, h, x_s, code_s)
+            store_heads(x_s, c, h, v_out, signs)
+
+    return tq3_to_fp8 if output == "fp8_pages" else tq3_to_bf16_heads
 
 
 def _kernel_constants(head_dim: int) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
@@ -355,6 +397,16 @@ class PageConversions:
     def decode_kernel(self):
         centroids, _, inv_sqrt_d, _ = self._constants
         return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d)
+
+    @functools.cached_property
+    def dequant_kernel(self):
+        centroids, _, inv_sqrt_d, _ = self._constants
+        return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d, output="bf16_heads")
+
+    def tq3_to_bf16_heads(self, tq3_pages, src_pages, k_out, v_out, signs) -> None:
+        """TQ3 pages ``src_pages`` (int32 [n]) decoded and un-rotated into k_out / v_out [H, m, D]
+        bf16, the c-th page in tokens c * P .. c * P + P - 1 (m >= n * P): attention's operands."""
+        self.dequant_kernel(tq3_pages.view(torch.int32), tq3_pages.view(torch.float16), src_pages, signs, k_out, v_out)
 
     def fp8_to_tq3(self, k_cache, v_cache, src_pages, dst_pages, tq3_pages, signs, scales) -> None:
         self.encode_kernel(

@@ -9,9 +9,12 @@ by LSE (base 2):
 - its hot prefix (Recent and Anchor tokens before the new ones), all visible: FlashInfer's paged
   prefill over the FP8 hot buffers with one token per "page" (the physical slots), SGLang's layout
   for its own paged prefill, so both wrappers are the JIT modules SGLang's FP8 arm builds too;
-- its TQ3 pages, all visible (a TQ3 page is sealed, so it precedes every query of the request): in
-  the rotated space, ``tile_tokens`` at a time decoded by the torch codec and attended by torch's
-  fused flash kernel (``sglang_minima.ops``), so the scratch is one tile, never the prefix.
+- its TQ3 pages, all visible (a TQ3 page is sealed, so it precedes every query of the request):
+  ``tile_tokens`` at a time decoded and un-rotated into a bf16 tile by one TileLang launch
+  (``PageConversions.tq3_to_bf16_heads``, head-major as the flash kernel reads it) and attended by
+  torch's fused flash kernel, so the scratch is one tile, never the prefix. Head dims that are not a
+  power of two (no Hadamard rotation in the kernels) decode with the torch codec in the rotated space
+  (``sglang_minima.ops``).
 
 ``plan()`` takes the split (``sglang_minima.layers.attention.plan.ExtendPlan``: host index pointers,
 device slots and pages) once per forward step and plans both FlashInfer wrappers (no device read);
@@ -24,12 +27,17 @@ import flashinfer
 import torch
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
-from sglang_minima.codec.rotation import LayerRotation
+from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
+from sglang_minima.ops.dense import flash_attend_heads
 from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
+from sglang_minima.ops.scratch import note as note_scratch
 
-DEFAULT_TILE_TOKENS = 4096
-"""TQ3 tokens decoded at once per request (K and V fp32 plus their bf16 copies: 12 bytes per element)."""
+DEFAULT_TILE_TOKENS = 16384
+"""TQ3 tokens decoded at once per request: K and V in bf16, 4 bytes per element (16,384 tokens of 8
+heads of 128: 64 MiB)."""
+TORCH_TILE_TOKENS = 4096
+"""The torch codec's tile: K and V in fp32 plus their bf16 copies, 12 bytes per element."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class MinimaPrefillWrapper:
 
     One object per layer geometry (query heads, KV heads, head dim, page size, scale, query dtype);
     ``workspace`` is FlashInfer's float workspace (shared with the decode: a forward is one or the other).
+    ``tq3_kernel``: decode the TQ3 prefix with the TileLang kernel (default: on CUDA, power-of-two head
+    dims) or with the torch codec; ``tile_tokens``: TQ3 tokens per tile (default: the decoder's).
     """
 
     def __init__(
@@ -58,7 +68,8 @@ class MinimaPrefillWrapper:
         *,
         sm_scale: float,
         q_dtype: torch.dtype = torch.bfloat16,
-        tile_tokens: int = DEFAULT_TILE_TOKENS,
+        tile_tokens: int | None = None,
+        tq3_kernel: bool | None = None,
     ):
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -66,7 +77,18 @@ class MinimaPrefillWrapper:
             raise ValueError(f"the prefill takes bf16 or fp16 queries, got {q_dtype}")
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.sm_scale, self.q_dtype = page_size, float(sm_scale), q_dtype
-        self.tile_pages = max(1, tile_tokens // page_size)
+        # the TQ3 prefix's decoder (``tq3_kernel``, None: where it applies): the kernel, built now
+        # rather than inside a forward, or the torch codec
+        if tq3_kernel is None:
+            tq3_kernel = workspace.device.type == "cuda" and is_power_of_two(head_dim)
+        self._dequant = None
+        if tq3_kernel:
+            from .convert import PageConversions  # (tilelang: the CPU stand-in tests import this module without it)
+
+            self._dequant = PageConversions(num_kv_heads, page_size, head_dim)
+            _ = self._dequant.dequant_kernel
+        default = DEFAULT_TILE_TOKENS if self._dequant is not None else TORCH_TILE_TOKENS
+        self.tile_pages = max(1, (tile_tokens or default) // page_size)
         # SGLang's choices on Hopper (flashinfer_backend.py): ragged "auto", paged "fa2"
         self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="auto")
         self._paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
@@ -103,6 +125,11 @@ class MinimaPrefillWrapper:
             )
         self._prefix_rows = prefix_rows
         self._tq3 = tuple(tq3)
+        # each request's TQ3 pages as the kernel's int32 page lists, one per tile (device slices: no read)
+        self._tq3_tiles = tuple(
+            tuple(seg.pages[i : i + self.tile_pages].to(torch.int32) for i in range(0, seg.pages.numel(), self.tile_pages))
+            for seg in self._tq3
+        )
 
     def run(
         self,
@@ -133,13 +160,34 @@ class MinimaPrefillWrapper:
                 lse_p = lse_p.masked_fill(~self._prefix_rows.unsqueeze(-1), float("-inf"))
             out, lse = merge_attention_states(out, lse, out_p, lse_p)
         with torch.profiler.record_function("minima.prefill_tq3"):
-            for seg in self._tq3:
-                rows = slice(seg.q_start, seg.q_start + seg.q_len)
-                kv = Tq3PagedKV(tq3_buffer, seg.pages, layout, codebook)
-                out_rot, lse_t = tq3_paged_attention(
-                    rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
-                )
-                out[rows], lse[rows] = merge_attention_states(
-                    out[rows], lse[rows], rotation.unrotate(out_rot, head_axis=-2), lse_t
-                )
+            if self._dequant is not None:
+                self._attend_tq3_tiles(q, out, lse, tq3_buffer, rotation)
+            else:
+                for seg in self._tq3:
+                    rows = slice(seg.q_start, seg.q_start + seg.q_len)
+                    kv = Tq3PagedKV(tq3_buffer, seg.pages, layout, codebook)
+                    out_rot, lse_t = tq3_paged_attention(
+                        rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
+                    )
+                    out[rows], lse[rows] = merge_attention_states(
+                        out[rows], lse[rows], rotation.unrotate(out_rot, head_axis=-2), lse_t
+                    )
         return out.to(self.q_dtype)
+
+    def _attend_tq3_tiles(self, q, out, lse, tq3_buffer, rotation: LayerRotation) -> None:
+        """Each request's TQ3 pages, a tile at a time: decoded and un-rotated into the bf16 tile by
+        one launch, attended by the flash kernel, merged into (out, lse) in place."""
+        if not self._tq3:
+            return
+        h, d, p = self.num_kv_heads, self.head_dim, self.page_size
+        longest = max(tile.numel() for tiles in self._tq3_tiles for tile in tiles)
+        k_tile = torch.empty(h, longest * p, d, dtype=torch.bfloat16, device=q.device)
+        v_tile = torch.empty_like(k_tile)
+        note_scratch(k_tile, v_tile)
+        for seg, tiles in zip(self._tq3, self._tq3_tiles):
+            rows = slice(seg.q_start, seg.q_start + seg.q_len)
+            for pages in tiles:
+                self._dequant.tq3_to_bf16_heads(tq3_buffer, pages, k_tile, v_tile, rotation.signs)
+                n = pages.numel() * p
+                part = flash_attend_heads(q[rows], k_tile[:, :n], v_tile[:, :n], self.sm_scale)
+                out[rows], lse[rows] = merge_attention_states(out[rows], lse[rows], *part)

@@ -86,6 +86,7 @@ def tilelang_jobs(decode_only: bool, geometries=None):
             # the conversions as the memory system builds them (PageConversions holds their constants)
             yield f"fp8_to_tq3 {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).encode_kernel
             yield f"tq3_to_fp8 {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).decode_kernel
+            yield f"tq3 tile {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).dequant_kernel
 
 
 def variant_jobs():

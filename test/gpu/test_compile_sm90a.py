@@ -111,7 +111,8 @@ def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int
     sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
     fwd = _compile(fp8_to_tq3_kernel, h, p, d, cent, thr, inv, sqrt_d)
     bwd = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv)
-    for src in (fwd, bwd):
+    heads = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv, output="bf16_heads")  # the prefill's TQ3 tile
+    for src in (fwd, bwd, heads):
         assert "__fmaf" not in src and "fmaf(" not in src
     # the value min and max get + 0.0 (-0.0 -> +0.0) as an add TVM's simplifier cannot drop
     assert fwd.count("__fadd_rn(") == 2

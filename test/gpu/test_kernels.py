@@ -425,3 +425,30 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: f
     print(f"tq3_to_fp8: {bad_k} K and {bad_v} V bytes differ of {ref_k.numel()} each")
     assert bad_k == 0 and bad_v == 0
     assert bool((k_cache[[1, 4]] == 0x7F).all())
+
+
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_tq3_to_bf16_heads_equals_the_codec(hq: int, h: int, d: int, p: int) -> None:
+    # the prefill's TQ3 tile: the promotion kernel's decode and un-rotation (the codec's fp32 values)
+    # cast to bf16, head-major, the c-th listed page at tokens c * P; tokens past the list untouched
+    from kv_fixtures import fp8_pages, tq3_pages_from
+    from minima_kernels import PageConversions
+    from sglang_minima.codec import LayerRotation, TQ3PageLayout, decode_pages, to_original_space, tq3_codebook
+
+    gen = torch.Generator(device="cuda").manual_seed(d + 3)
+    layout = TQ3PageLayout(h, p, d)
+    rotation = LayerRotation(h, d, layer_id=2, seed=5, device="cuda")
+    tq3 = tq3_pages_from(
+        fp8_pages(6, p, h, d, 0.5, gen, "cuda"), fp8_pages(6, p, h, d, 0.25, gen, "cuda"), layout, rotation, 0.5, 0.25
+    )
+    src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
+    k_out = torch.full((h, 4 * p, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    v_out = torch.full_like(k_out, float("nan"))
+    PageConversions(h, p, d).tq3_to_bf16_heads(tq3, src, k_out, v_out, rotation.signs)
+    torch.cuda.synchronize()
+    k_rot, v_rot = decode_pages(tq3[src.long()], layout, tq3_codebook(d))  # [n, H, P, D]
+    for got, x in ((k_out, k_rot), (v_out, v_rot)):
+        ref = to_original_space(x, rotation).to(torch.bfloat16).transpose(0, 1).reshape(h, 3 * p, d)
+        bad = int((got[:, : 3 * p].view(torch.int16) != ref.view(torch.int16)).sum())
+        assert bad == 0, f"{bad} of {ref.numel()} bf16 values differ from the codec's"
+        assert bool(got[:, 3 * p :].isnan().all())

@@ -114,7 +114,8 @@ def test_three_parts_merged_equal_the_torch_reference(prefill):
     segs = (prefill.Tq3Segment(0, 7, torch.tensor([4, 1], device=dev)), prefill.Tq3Segment(13, 4, torch.tensor([5], device=dev)))
     w.plan(qo, prefix, torch.tensor(reqs[0]["hot"], dtype=torch.int32, device=dev), rows, segs)
     hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
-    got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot, k_scale=K_SCALE, v_scale=V_SCALE)
+    rot_dev = LayerRotation(H, D, layer_id=3, device=dev)  # the pool's rotation lives on its device
+    got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot_dev, k_scale=K_SCALE, v_scale=V_SCALE)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape and not got.isnan().any()
     got = got.cpu()
 
@@ -177,3 +178,27 @@ def test_refuses_device_index_pointers_and_a_mismatched_q(prefill):
         w.run(torch.zeros(4, HQ, D), None, None, None, None, None, None, None, k_scale=1.0, v_scale=1.0)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         prefill.MinimaPrefillWrapper(torch.empty(0), 3, 2, D, PS, sm_scale=SM)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_tq3_kernel_tiles_match_the_codec_tiles():
+    # the TQ3 prefix decoded by the TileLang kernel (original space, bf16 tiles) against the torch
+    # codec's (rotated space): one request over 6 TQ3 pages, tiles of 1, 4 and 16 pages
+    prefill = importlib.import_module("minima_kernels.prefill")
+    dev = torch.device("cuda")
+    g, layout, rot, cb, k8, v8, tq3 = _setup(2)
+    rot = LayerRotation(H, D, layer_id=3, device=dev)
+    q = torch.randn(9, HQ, D, generator=g).to(torch.bfloat16).to(dev)
+    k, v = (torch.randn(9, H, D, generator=g).to(torch.bfloat16).to(dev) for _ in range(2))
+    hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
+    outs = []
+    for kernel, tile in ((False, PS), (True, PS), (True, 4 * PS), (True, 16 * PS)):
+        w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=tile, tq3_kernel=kernel)
+        w.plan(torch.tensor([0, 9], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32),
+               torch.zeros(0, dtype=torch.int32, device=dev), None,
+               (prefill.Tq3Segment(0, 9, torch.tensor([5, 0, 3, 2, 4, 1], device=dev)),))
+        outs.append(w.run(q, k, v, hot, tq3.to(dev), layout, cb, rot, k_scale=1.0, v_scale=1.0).float())
+    for got in outs[1:]:
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, outs[0], atol=1e-2, rtol=1e-2)

@@ -57,14 +57,32 @@ def flash_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     n, h, dk = k.shape
     if dk != d or v.shape != k.shape or hq % h != 0:
         raise ValueError(f"flash_attend: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
-    g = hq // h
     dtype = torch.bfloat16 if q.device.type == "cuda" else torch.float32
-    # With nothing masked every query row is independent, so a GQA group's queries can stack along
-    # the sequence axis of their KV head: [1, H, T*g, D] against [1, H, N, D], no K/V expansion.
-    qs = q.to(dtype).view(t, h, g, d).transpose(0, 1).reshape(1, h, t * g, d)
     ks = k.to(dtype).transpose(0, 1).unsqueeze(0).contiguous()
     vs = v.to(dtype).transpose(0, 1).unsqueeze(0).contiguous()
-    note_scratch(qs, ks, vs)
+    note_scratch(ks, vs)
+    return _flash(q, ks, vs, sm_scale)
+
+
+def flash_attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attend`` over keys and values already head-major, k / v [H, N, D] in the kernel's
+    dtype (bf16 on CUDA), rows of any stride (the first N tokens of a larger tile): no copy of them."""
+    t, hq, d = q.shape
+    h, n, dk = k.shape
+    if dk != d or v.shape != k.shape or hq % h != 0 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError(f"flash_attend_heads: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
+    return _flash(q, k.unsqueeze(0), v.unsqueeze(0), sm_scale)
+
+
+def _flash(q: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] against ks / vs [1, H, N, D] -> (out fp32 [T, Hq, D], lse base 2 [T, Hq])."""
+    t, hq, d = q.shape
+    h = ks.shape[1]
+    g = hq // h
+    # With nothing masked every query row is independent, so a GQA group's queries can stack along
+    # the sequence axis of their KV head: [1, H, T*g, D] against [1, H, N, D], no K/V expansion.
+    qs = q.to(ks.dtype).view(t, h, g, d).transpose(0, 1).reshape(1, h, t * g, d)
+    note_scratch(qs)
     if q.device.type == "cuda":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs, 0.0, False, False, scale=sm_scale)[:2]
     else:
