@@ -8,6 +8,8 @@
 #   bash scripts/device/run_suite.sh greedy [BUDGET_S]      # diagnostic arms side by side: greedy agreement
 #   bash scripts/device/run_suite.sh capacity [BUDGET_S]    # bench_capacity.py: arms at one KV byte budget
 #     CAP_ARGS (env): its flags (default: Llama-3-8B-class, 8 then 16 x 32K prompts, 20 GiB of KV per arm)
+#   bash scripts/device/run_suite.sh soak [BUDGET_S]        # serving_soak.py: mixed traffic, then the pool's checks
+#     SOAK_ARGS (env): more of its flags (default: its cuda profile, the load sized to the budget)
 # `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
 # budget. Phases may run at once (separate work and output folders).
@@ -69,7 +71,18 @@ capacity)
     --server-args --context-length 34816 --cuda-graph-max-bs-decode 16} > "$WORK/capacity.log" 2>&1
   tail -12 "$WORK/capacity.log"
   ;;
-*) echo "usage: run_suite.sh tests|serve|greedy|capacity [BUDGET_S]"; exit 2 ;;
+soak)
+  # SmolLM2's kernels first (~100 s cold, less from warm caches): the server then starts in about a
+  # minute and no request waits on a JIT build mid-load
+  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 > "$WORK/warm.log" 2>&1
+  # the cuda profile (MINIMA_E2E_DEVICE, env.sh); its load ends so that the report is written 10 s
+  # before the budget (for the server's stop), its start and its bounded drain and idle wait included
+  left=$((budget - (SECONDS - t0)))
+  timeout -s INT "$left" python3 benchmark/reliability/serving_soak.py --wall-budget-s $((left - 10)) \
+    --work "$WORK/soak" --out "$OUT/serving_soak.json" ${SOAK_ARGS:-} > "$WORK/soak.log" 2>&1
+  tail -c 2500 "$WORK/soak.log"
+  ;;
+*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .

@@ -1,4 +1,5 @@
-"""Summarize one device-suite phase: every test from the JUnit XML files with its outcome and time.
+"""Summarize one device-suite phase: every test from the JUnit XML files with its outcome and time,
+the serving soak's verdict and report (``soak``), the serving arms' tables.
 
 Writes summary.md and summary.json under --out; the harness's limits go into the summary, beside
 the figures they qualify.
@@ -36,6 +37,16 @@ def outcomes(xml_path: Path) -> list[dict]:
     return cases
 
 
+def soak_verdict(path: Path) -> dict:
+    """The serving soak's verdict and failed checks; NOT RUN TO THE END where it wrote no report
+    (a server that did not start, a run cut by the budget: its log is in logs.tar.gz)."""
+    if not path.exists():
+        return {"verdict": "NOT RUN TO THE END", "failed": []}
+    result = json.loads(path.read_text())
+    return {"verdict": "PASSED" if result["passed"] else "FAILED",
+            "failed": [name for name, check in result["checks"].items() if not check["passed"]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--phase", required=True)
@@ -54,17 +65,23 @@ def main() -> None:
              f"- GPU: {gpu.splitlines()[-1] if gpu else 'unknown'}", f"- {HARNESS_NOTE}", ""]
     for suite, n in counts.items():
         lines.append(f"- {suite}: " + ", ".join(f"{v} {k}" for k, v in sorted(n.items())))
+    soak = soak_verdict(args.out / "serving_soak.json") if args.phase == "soak" else None
+    if soak:
+        failed = f" (failed: {', '.join(soak['failed'])})" if soak["failed"] else ""
+        lines.append(f"- serving soak: {soak['verdict']}{failed}")
     if cases:
         lines += ["", "| suite | test | outcome | s |", "|---|---|---|---|"]
         lines += [f"| {c['suite']} | `{c['test']}` | {c['outcome']}{(': ' + c['detail'][0][:120]) if c['detail'] else ''} "
                   f"| {c['seconds']:.1f} |" for c in cases]
     for serve in sorted([*args.out.glob("serve_*.md"), *args.out.glob("greedy_*.md")]):
         lines += ["", f"## Serving arms, {serve.stem} (harness figures)", "", serve.read_text()]
+    if (args.out / "serving_soak.md").exists():
+        lines += ["", "## Serving soak (harness figures)", "", (args.out / "serving_soak.md").read_text()]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     (args.out / "summary.json").write_text(json.dumps(
         {"phase": args.phase, "seconds": args.seconds, "gpu": gpu, "note": HARNESS_NOTE, "counts": counts,
-         "tests": cases}, indent=1))
-    print("\n".join(lines[:8 + len(counts)]))
+         "soak": soak, "tests": cases}, indent=1))
+    print("\n".join(lines[:8 + len(counts) + bool(soak)]))
 
 
 if __name__ == "__main__":
