@@ -6,7 +6,8 @@ free lists and the release quarantine hold exactly the unreferenced pages), #fre
 FP8 + #free TQ3 + #quarantined, no page a forward in flight read (planned since the end of the step
 before last; a device sync ends them all) is back on a free list or mapped to another logical page,
 every live logical page is readable, and attention over the mixed formats equals attention over the
-dense K/V up to codec error.
+dense K/V up to codec error. Every allocation admission allows (logical room, and hot pages free or
+sealed: ``hot_reachable``) succeeds, however full the TQ3 region is.
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ class Lifecycle(RuleBasedStateMachine):
 
     def _alloc_pages(self, n: int) -> list[int] | None:
         """What MinimaPagedAllocator does: logical pages, each backed by a hot page found first."""
+        # Admission's promise (HotPageBudget counts every sealed hot page as reachable, and SGLang
+        # frees logical room first): both together suffice, however full the TQ3 region is.
+        admissible = n <= len(self.free_logical) and n <= self.ctl.hot_reachable()
         if n > len(self.free_logical) or not self.ctl.reserve_hot(n):  # may sync and free the quarantine
+            assert not admissible, (n, len(self.free_logical), self.store.tq3_pool.num_free)
             return None
         pages, self.free_logical = self.free_logical[:n], self.free_logical[n:]
         self.store.map_new(torch.tensor(pages))

@@ -3,11 +3,14 @@ the fallback counter and scratch gauge fed by what the attention backends tell t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from prometheus_client import REGISTRY, generate_latest
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_minima.config import CONFIG_ENV, MinimaConfig
+from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.mem_cache.controller import LifecycleController
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
 from sglang_minima.reporting.memory_report import memory_report
@@ -72,3 +75,23 @@ def test_fallbacks_and_peak_scratch_reach_the_exported_text(monkeypatch):
     assert pool.stats.fallbacks == 2
     assert _exported("sglang:minima_fallbacks_total") == fallbacks + 2
     assert _exported("sglang:minima_peak_scratch_bytes") == 4096
+
+
+def test_hot_deferrals_reach_the_exported_text(monkeypatch):
+    """A prefill admission past the step's hot pages (MinimaPagedAllocator's HotPageBudget) -> the
+    store's stats -> sglang:minima_prefill_hot_deferrals_total."""
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.25).to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    pool = MinimaKVPool(16 * PS, page_size=PS, dtype=torch.float32, head_num=2, head_dim=64, layer_num=2,
+                        device="cpu", enable_memory_saver=False)
+    allocator = MinimaPagedAllocator(16 * PS, PS, torch.float32, "cpu", pool, False)
+    tree = SimpleNamespace(evictable_size=lambda: 0, supports_mamba=lambda: False)
+    metrics = get_minima_metrics(LABELS)
+    metrics.report(pool.store)
+    before = _exported("sglang:minima_prefill_hot_deferrals_total")
+    budget = allocator.create_prefill_budget(tree)
+    budget.reserve(3 * PS, 0)  # the step's 4 FP8 pages: 3 for a chunk, 1 reserved with it
+    assert budget.check_prefill(extend_input_len=PS, total_tokens=2 * PS, max_new_tokens=PS, input_tokens=PS,
+                                swa_host_hit_length=0, chunk_limit=None) == (True, 0)
+    metrics.report(pool.store)
+    assert _exported("sglang:minima_prefill_hot_deferrals_total") == before + 1

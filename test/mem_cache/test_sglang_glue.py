@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+from sglang.srt.mem_cache.allocation import alloc_paged_token_slots_extend
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -51,10 +53,14 @@ def build(monkeypatch, **config):
     return SimpleNamespace(req_to_token=req_to_token, pool=pool, allocator=allocator, cache=cache)
 
 
+def new_req(rid: str, tokens: list[int]) -> Req:
+    return Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
+               sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
+
+
 def prefill(t, rid: str, tokens: list[int]) -> Req:
     """Admission + extend as the scheduler does it: match, row, alloc_extend, KV write of every layer."""
-    req = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
-              sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
+    req = new_req(rid, tokens)
     req.init_next_round_input(t.cache)
     t.req_to_token.alloc([req])
     prefix, n = req.prefix_len, len(tokens)
@@ -63,8 +69,8 @@ def prefill(t, rid: str, tokens: list[int]) -> Req:
         t.req_to_token.write((row, slice(0, prefix)), t.cache.prefix_device_indices(req).to(torch.int32))
     last = t.req_to_token.req_to_token[row, prefix - 1 : prefix].long() if prefix else torch.tensor([-1])
     lens = lambda x: torch.tensor([x])  # noqa: E731
-    out = t.allocator.alloc_extend(lens(prefix), lens(prefix), lens(n), lens(n), last, n - prefix)
-    assert out is not None
+    # SGLang's allocation: evict the prefix cache for logical room, then the allocator's alloc_extend
+    out = alloc_paged_token_slots_extend(t.cache, lens(prefix), lens(prefix), lens(n), lens(n), last, n - prefix)
     t.req_to_token.write((row, slice(prefix, n)), out.to(torch.int32))
     for layer in range(LAYERS):
         t.pool.set_kv_buffer(SimpleNamespace(layer_id=layer), out, torch.randn(n - prefix, HEADS, DIM),
@@ -117,6 +123,73 @@ def test_pressure_converts_fp8_pages_before_sglang_evicts(monkeypatch):
     b = prefill(t, "b", list(range(1000, 1000 + 2 * PS)))  # needs 2 more: Recent pages of `a` are converted
     assert t.pool.stats.pressure_retier_pages == 2 and t.cache.evictable_size() == 0
     for req in (a, b):
+        release(t, req)
+    idle_invariant(t)
+
+
+def admission_pass(t, running: list[Req], queue: list[Req]) -> tuple[list[str], bool]:
+    """One pass of SGLang's Scheduler._get_new_batch_prefill_raw over the waiting queue: the
+    requests it admits, and whether it closes admission (a NO_TOKEN while requests run marks the
+    running batch full: nothing more is admitted until one of them leaves)."""
+    adder = PrefillAdder(PS, t.cache, t.allocator, SimpleNamespace(reqs=running), new_token_ratio=1.0,
+                         rem_input_tokens=PAGES * PS, rem_chunk_tokens=PAGES * PS)
+    closes = False
+    for req in queue:
+        if adder.budget_state() == AddReqResult.OTHER:
+            break
+        req.init_next_round_input(t.cache)
+        result = adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+        if result != AddReqResult.CONTINUE:
+            closes = result == AddReqResult.NO_TOKEN and bool(running or adder.can_run_list)
+            break
+    for req in adder.can_run_list:  # the tests run the admitted extends themselves
+        t.cache.unlock(req.lock)
+    return [req.rid for req in adder.can_run_list], closes
+
+
+@pytest.mark.parametrize("first_pages", [1, 2])
+def test_spent_hot_pages_defer_admission_to_the_next_step(monkeypatch, first_pages):
+    """A step admits only the hot pages it can get; the next request waits for the next step, when
+    the admitted pages are sealed (convertible) again. It must not close admission: that waits for
+    a running request to leave, minutes for one decoding long (serving soak, pilot 6). The first
+    request leaves one hot page (the next one is refused) or none (the verdict after admitting it)."""
+    t = build(monkeypatch, recent_pages=1, sink_pages=0, fp8_page_fraction=0.25)  # 4 FP8 pages, 12 TQ3
+    running = [prefill(t, "r", list(range(1, 9)))]  # decoding, writing its first page
+    t.cache.flush_pending_backups()
+    assert t.pool.lifecycle.hot_reachable() == 3 and t.allocator.available_size() == (PAGES - 1) * PS
+    q1 = new_req("q1", list(range(100, 100 + first_pages * PS)))
+    q2 = new_req("q2", list(range(200, 200 + PS)))
+    assert admission_pass(t, running, [q1, q2]) == (["q1"], False)
+    assert t.pool.stats.prefill_hot_deferrals == 1
+    running.append(prefill(t, "q1", list(q1.origin_input_ids)))
+    t.cache.flush_pending_backups()
+    assert admission_pass(t, running, [q2]) == (["q2"], False)
+    for req in running:
+        release(t, req)
+    idle_invariant(t)
+
+
+def test_full_tq3_region_admits_what_the_logical_pool_holds(monkeypatch):
+    """The state pilot 6 was seen in: TQ3 region full, 2 FP8 pages free, cached FP8 pages (converting
+    one needs a free TQ3 page). Admission may count those as reachable: SGLang evicts the prefix
+    cache for logical room before the allocator reserves hot pages, and each page it evicts frees a
+    hot page or a TQ3 page for a conversion (#free logical == #free hot + #free TQ3 + #quarantined).
+    Admitting it spends the step's hot pages, which must not close admission either."""
+    t = build(monkeypatch, recent_pages=1, sink_pages=1, fp8_page_fraction=0.5)  # 8 FP8 pages, 8 TQ3
+    for rid, base, pages in (("a", 1, 6), ("b", 1000, 4)):  # cached: 2 FP8 + 4 TQ3, 2 FP8 + 2 TQ3
+        req = prefill(t, rid, list(range(base, base + pages * PS)))
+        t.cache.flush_pending_backups()
+        release(t, req)
+    running = [prefill(t, "s", list(range(2000, 2000 + 3 * PS + 2)))]  # FP8, TQ3, TQ3, FP8
+    for _ in range(3):  # the step that converts, then two more: the sources leave the quarantine
+        t.cache.flush_pending_backups()
+    store = t.pool.store
+    assert (store.tq3_pool.num_free, store.hot_pool.num_free, t.cache.evictable_size()) == (0, 2, 10 * PS)
+    c = new_req("c", list(range(3000, 3000 + 6 * PS)))  # needs 6 FP8 pages
+    assert admission_pass(t, running, [c]) == (["c"], False)
+    running.append(prefill(t, "c", list(c.origin_input_ids)))  # SGLang evicts "a", then 2 conversions
+    assert store.stats.pressure_retier_pages == 2 and store.reference_mismatches() == 0
+    for req in running:
         release(t, req)
     idle_invariant(t)
 

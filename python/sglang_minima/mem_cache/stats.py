@@ -36,6 +36,9 @@ class MinimaStats:
     peak_scratch_bytes: int = 0
     """Most transient scratch alive at once in one attention call or one conversion (ops.scratch):
     decoded tiles, scores and conversion staging, beside the cache's own bytes."""
+    prefill_hot_deferrals: int = 0
+    """Prefill admissions put off to the next step: the request fit the logical pool, but the
+    step's hot pages were spent (HotPageBudget)."""
     prefix_hit_hot_pages: int = 0
     prefix_hit_tq3_pages: int = 0
 

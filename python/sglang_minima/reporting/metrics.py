@@ -14,6 +14,8 @@ Counters fed with the increase since the last update. Names:
 - ``sglang:minima_route_pages_total{format}``, ``sglang:minima_route_tokens_total{format}`` (format hot/tq3;
   hot is FP8 e4m3, or the model dtype with ``--minima-hot-dtype auto``)
 - ``sglang:minima_fallbacks_total``, ``sglang:minima_prefix_hit_pages_total{format}``
+- ``sglang:minima_prefill_hot_deferrals_total``: prefill admissions put off to the next step because
+  the step's hot pages were spent (the request fit the logical pool)
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class MinimaMetrics:
         self.route_tokens = counter("route_tokens", "Tokens attended per format.", ("format",))
         self.fallbacks = counter("fallbacks", "Forward steps the GPU kernels handed to the torch path.")
         self.prefix_hit_pages = counter("prefix_hit_pages", "Prefix-cache hit pages by format.", ("format",))
+        self.prefill_hot_deferrals = counter(
+            "prefill_hot_deferrals", "Prefill admissions put off to the next step: the step's hot pages were spent."
+        )
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
 
     def report(self, store: TieredPageStore) -> None:
@@ -117,6 +122,7 @@ class MinimaMetrics:
             self._advance(self.route_tokens, tokens, format=fmt)
             self._advance(self.prefix_hit_pages, hits, format=fmt)
         self._advance(self.fallbacks, stats.fallbacks)
+        self._advance(self.prefill_hot_deferrals, stats.prefill_hot_deferrals)
 
     def _advance(self, counter, total: float, **extra: str) -> None:
         """Counters only go up: add what the cumulative stat gained since the last update."""
