@@ -125,11 +125,11 @@ class MinimaPrefillWrapper:
             )
         self._prefix_rows = prefix_rows
         self._tq3 = tuple(tq3)
-        # each request's TQ3 pages as the kernel's int32 page lists, one per tile (device slices: no read)
+        # the kernel path: each request's TQ3 pages as int32 page lists, one per tile (device slices: no read)
         self._tq3_tiles = tuple(
             tuple(seg.pages[i : i + self.tile_pages].to(torch.int32) for i in range(0, seg.pages.numel(), self.tile_pages))
             for seg in self._tq3
-        )
+        ) if self._dequant is not None else ()
 
     def run(
         self,

@@ -391,26 +391,27 @@ def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
     assert bool((pool[untouched] == 0xAB).all())
 
 
-@pytest.mark.parametrize("k_scale,v_scale", [(0.5, 0.25), (0.37, 0.29)])  # powers of two, and scales that round
-@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float) -> None:
+def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int):
+    """(layout, rotation, 6 TQ3 pages) encoded by the codec from FP8 pages at scales 0.5 / 0.25."""
     from kv_fixtures import fp8_pages, tq3_pages_from
-    from minima_kernels import tq3_to_fp8
-    from sglang_minima.codec import (
-        LayerRotation,
-        TQ3PageLayout,
-        decode_pages,
-        fp8_requantize,
-        to_original_space,
-        tq3_codebook,
-    )
+    from sglang_minima.codec import LayerRotation, TQ3PageLayout
 
-    gen = torch.Generator(device="cuda").manual_seed(d + 1)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     layout = TQ3PageLayout(h, p, d)
-    rotation = LayerRotation(h, d, layer_id=1, seed=5, device="cuda")
+    rotation = LayerRotation(h, d, layer_id=layer_id, seed=5, device="cuda")
     tq3 = tq3_pages_from(
         fp8_pages(6, p, h, d, 0.5, gen, "cuda"), fp8_pages(6, p, h, d, 0.25, gen, "cuda"), layout, rotation, 0.5, 0.25
     )
+    return layout, rotation, tq3
+
+
+@pytest.mark.parametrize("k_scale,v_scale", [(0.5, 0.25), (0.37, 0.29)])  # powers of two, and scales that round
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float) -> None:
+    from minima_kernels import tq3_to_fp8
+    from sglang_minima.codec import decode_pages, fp8_requantize, to_original_space, tq3_codebook
+
+    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 1, layer_id=1)
     src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
     dst = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
     k_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
@@ -431,16 +432,10 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: f
 def test_tq3_to_bf16_heads_equals_the_codec(hq: int, h: int, d: int, p: int) -> None:
     # the prefill's TQ3 tile: the promotion kernel's decode and un-rotation (the codec's fp32 values)
     # cast to bf16, head-major, the c-th listed page at tokens c * P; tokens past the list untouched
-    from kv_fixtures import fp8_pages, tq3_pages_from
     from minima_kernels import PageConversions
-    from sglang_minima.codec import LayerRotation, TQ3PageLayout, decode_pages, to_original_space, tq3_codebook
+    from sglang_minima.codec import decode_pages, to_original_space, tq3_codebook
 
-    gen = torch.Generator(device="cuda").manual_seed(d + 3)
-    layout = TQ3PageLayout(h, p, d)
-    rotation = LayerRotation(h, d, layer_id=2, seed=5, device="cuda")
-    tq3 = tq3_pages_from(
-        fp8_pages(6, p, h, d, 0.5, gen, "cuda"), fp8_pages(6, p, h, d, 0.25, gen, "cuda"), layout, rotation, 0.5, 0.25
-    )
+    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 3, layer_id=2)
     src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
     k_out = torch.full((h, 4 * p, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     v_out = torch.full_like(k_out, float("nan"))
