@@ -11,7 +11,8 @@ this is the reference the serving path must match; it involves no serving code a
 
 Modes (``--modes``), each ``<kv>@<chunk>``: kv is ``fp8`` (every page FP8), ``tq3`` (Minima: Stale
 pages TQ3, K and V), ``tq3k`` (Stale keys TQ3, values FP8), ``tq3v`` (Stale values TQ3, keys FP8),
-``defer`` (Minima, but a request's pages are converted only once its prefill has ended);
+``defer`` (Minima, but a request's pages are converted only once its prefill has ended), ``k4``
+(Stale keys with 4-bit rotated codes, values TQ3: +1 bit on the keys);
 chunk is the prefill chunk size in tokens, or ``all`` for one chunk.
 
 Outputs per mode: RULER score on the examples and, for the prompts' last token, the relative
@@ -25,6 +26,7 @@ Usage: python benchmark/quality/stale_probe.py --tasks niah_single_2,niah_multik
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
 
-from sglang_minima.codec.codebook import tq3_codebook  # noqa: E402
+from sglang_minima.codec.codebook import lloyd_max, tq3_codebook  # noqa: E402
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize  # noqa: E402
 from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
@@ -48,7 +50,10 @@ from sglang_minima.models import default_model_dir  # noqa: E402
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
 
-KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer")
+KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4")
+KEY_BITS = {"k4": 4}
+"""Modes whose Stale keys take more bits than TQ3's 3: the same rotation, per-token norm correction
+and Lloyd-Max codebook for the sphere, with 2**bits levels (values stay TQ3)."""
 
 
 @dataclass(frozen=True)
@@ -81,23 +86,32 @@ class KVState:
     ops_calls: int = 0
 
 
+@functools.cache
+def sphere_codebook(head_dim: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (centroids, thresholds) of the ``bits``-bit Lloyd-Max code for sqrt(d)·u_i."""
+    c, _ = lloyd_max(head_dim, 1 << bits)
+    return c.to(torch.float32), (0.5 * (c[1:] + c[:-1])).to(torch.float32)
+
+
 class MinimaEmulation:
-    def __init__(self, model_dir: Path, tiers: Tiers, rotation_seed: int = 0):
+    def __init__(self, model_dir: Path, tiers: Tiers, rotation_seed: int = 0, device: str = "cpu"):
         from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         AttentionInterface.register("minima_emulation", self._attention)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="minima_emulation"
-        ).eval()
+        ).eval().to(device)
+        self.device = torch.device(device)
         cfg = self.model.config
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
         self.tiers = tiers
         self.layout = TQ3PageLayout(self.num_kv_heads, tiers.page_size, self.head_dim)
-        self.codebook = tq3_codebook(self.head_dim)
+        self.codebook = tq3_codebook(self.head_dim).to(self.device)
         self.rotations = [
-            LayerRotation(self.num_kv_heads, self.head_dim, i, rotation_seed) for i in range(cfg.num_hidden_layers)
+            LayerRotation(self.num_kv_heads, self.head_dim, i, rotation_seed, self.device)
+            for i in range(cfg.num_hidden_layers)
         ]
         self.state = KVState()
 
@@ -116,10 +130,21 @@ class MinimaEmulation:
             enc = encode_pages(kp, vp, self.layout, self.rotations[layer], self.codebook, k_scale=1.0, v_scale=1.0)
             k_rot, v_rot = decode_pages(enc, self.layout, self.codebook)
             rot = self.rotations[layer]
+            if self.state.kv_mode in KEY_BITS:
+                k_rot = self._finer_keys(rot.rotate(fp8_dequantize(kp), head_axis=-3), KEY_BITS[self.state.kv_mode])
             hit = (to_original_space(k_rot, rot)[0].permute(1, 0, 2), to_original_space(v_rot, rot)[0].permute(1, 0, 2),
                    enc[0])
             self.state.tq3_cache[key] = hit
         return hit
+
+    def _finer_keys(self, k_rot: torch.Tensor, bits: int) -> torch.Tensor:
+        """Rotated keys through a ``bits``-bit version of TQ3's key code (``quantize_keys``'s steps)."""
+        centroids, thresholds = (x.to(k_rot.device) for x in sphere_codebook(self.head_dim, bits))
+        norm = k_rot.norm(dim=-1, keepdim=True)
+        u = k_rot * (self.head_dim**0.5 / norm.clamp_min(1e-30))
+        q = centroids[torch.bucketize(u, thresholds)]
+        correction = (norm / q.norm(dim=-1, keepdim=True)).to(torch.float16).to(torch.float32)
+        return torch.where(norm > 0, correction * q, torch.zeros_like(q))
 
     def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         st = self.state
@@ -129,15 +154,15 @@ class MinimaEmulation:
         k, v = fp8_dequantize(k8), fp8_dequantize(v8)
         q = query[0].transpose(0, 1)  # [T, Hq, D]
         n, t = k.shape[0], q.shape[0]
-        mask = causal_mask(torch.arange(n - t, n), torch.arange(n))
+        mask = causal_mask(torch.arange(n - t, n, device=q.device), torch.arange(n, device=q.device))
         k_t, v_t = k.clone(), v.clone()
         ps = self.tiers.page_size
         for page in sorted(st.converted):
             kq, vq, _ = self._tq3_page(layer, page, k8, v8)
             rows = slice(page * ps, (page + 1) * ps)
-            if st.kv_mode in ("tq3", "tq3k", "defer"):
+            if st.kv_mode in ("tq3", "tq3k", "defer", *KEY_BITS):
                 k_t[rows] = kq
-            if st.kv_mode in ("tq3", "tq3v", "defer"):
+            if st.kv_mode in ("tq3", "tq3v", "defer", *KEY_BITS):
                 v_t[rows] = vq
         out, _ = attend(q, k_t, v_t, scaling, mask)
         if st.check_ops and st.converted and st.kv_mode in ("tq3", "defer"):
@@ -185,7 +210,7 @@ class MinimaEmulation:
         from transformers import DynamicCache
 
         self.state = KVState(kv_mode=kv_mode, check_ops=check_ops)
-        ids = self.tok(prompt, return_tensors="pt").input_ids
+        ids = self.tok(prompt, return_tensors="pt").input_ids.to(self.device)
         n = ids.shape[1]
         chunk = chunk or n
         cache = DynamicCache(config=self.model.config)
@@ -233,10 +258,16 @@ def main() -> None:
                     help="also run the serving op (ops.paged.mixed_paged_attention) on every call that "
                          "reads TQ3 pages and report its largest deviation from the dense reference")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every answer and trace")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the device harness: seconds, not hours)")
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="stop after the example running when this many seconds have passed (a device call's "
+                         "limit); the report covers the examples done")
     args = ap.parse_args()
+    if args.check_ops and args.device != "cpu":
+        raise SystemExit("--check-ops: the torch serving op runs on --device cpu only")
     torch.set_num_threads(1)
     tiers = Tiers(recent_pages=args.recent_pages, sink_pages=args.sink_pages)
-    emu = MinimaEmulation(default_model_dir(), tiers)
+    emu = MinimaEmulation(default_model_dir(), tiers, device=args.device)
     examples: list[Example] = []
     for task in args.tasks.split(","):
         if task not in TASKS:
@@ -246,7 +277,11 @@ def main() -> None:
     results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": []}
                                 for m in modes}
     t0 = time.time()
+    done = []
     for ex in tqdm(examples, desc="examples"):
+        if args.time_budget_s is not None and time.time() - t0 > args.time_budget_s:
+            break
+        done.append(ex)
         hidden_ref: dict[int | None, list[torch.Tensor]] = {}
         for mode in modes:
             kv, chunk = parse_mode(mode)
@@ -298,7 +333,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "summary": summary,
                                         "results": results,
-                                        "examples": [ex.key for ex in examples]}, indent=1))
+                                        "examples": [ex.key for ex in done]}, indent=1))
 
 
 if __name__ == "__main__":

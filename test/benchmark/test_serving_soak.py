@@ -33,3 +33,14 @@ def test_wall_budget_leaves_room_for_drain_idle_and_report():
     assert soak.load_seconds(args, elapsed_s=65) == min(args.duration_s, 520 - 65 - after)
     assert soak.load_seconds(args, elapsed_s=600) == 0  # a start that ate the budget: no load, checks fail
     assert soak.load_seconds(soak.parse_args(["--profile", "cuda", "--wall-budget-s", "2000"]), 60) == args.duration_s
+
+
+def test_a_miss_with_another_requests_code_fails_the_leak_check():
+    replay = {"replayed": 1, "same_miss": 1, "echoed": 0}
+    own_error = {"code": "WTY-2733", "answer": " WYT-2733", "foreign_codes": []}
+    leak = {"code": "QMK-8134", "answer": " ZCX-8963", "foreign_codes": ["ZCX-8963"]}
+    ok = soak.nonce_check(100, [own_error], 300, replay)
+    assert ok["passed"] and (ok["missed_own_code"], ok["with_another_requests_code"]) == (1, 0)
+    bad = soak.nonce_check(100, [own_error, leak], 300, replay)
+    assert not bad["passed"] and bad["with_another_requests_code"] == 1
+    assert not soak.nonce_check(0, [], 0, {"replayed": 0, "same_miss": 0, "echoed": 0})["passed"]  # no evidence
