@@ -99,8 +99,8 @@ def fused_kv_write_hook(original_fn, *args, **kwargs) -> bool:
 
 def scheduler_idle_hook(scheduler, *args, **kwargs):
     """BEFORE ``Scheduler.on_idle``: no batch to run, so no step will come to move the release
-    quarantine on (an abort, a disconnect or an eviction freed pages between steps): free it now,
-    after a device sync (mem_cache/physical_pool.py); and bring the last CUDA-graph steps' route
+    quarantine on (an abort, a disconnect or an eviction freed pages between steps) or publish the
+    pending conversions: do both now, after a device sync (mem_cache/physical_pool.py); and bring the last CUDA-graph steps' route
     counts into the stats (mem_cache/device_routes.py)."""
     cache = getattr(scheduler, "tree_cache", None)
     if isinstance(cache, MinimaRadixCache):

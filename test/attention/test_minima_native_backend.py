@@ -96,6 +96,7 @@ class Harness:
 
         def retier(pages: list[int]) -> None:
             assert pool.store.retier(torch.tensor(pages)) == len(pages)
+            pool.store.publish_conversions(wait=True)  # on CUDA the copy runs on a side stream: published now
 
         kwargs = {} if wrapper is None else {"runner_pool": wrapper, "layer_ids": hybrid_layer_ids}
         return cls(pool, lambda: int(allocator.alloc(PS)[0]) // PS, retier, device=device, **kwargs)

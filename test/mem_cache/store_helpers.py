@@ -6,6 +6,7 @@ import torch
 
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.tq3 import decode_pages, to_original_space
+from sglang_minima.mem_cache.conversion_stream import ConversionStream
 from sglang_minima.mem_cache.page_table import FMT_HOT
 from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore
 
@@ -15,7 +16,37 @@ DIM = 64
 LAYERS = 2
 
 
-def make_store(num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True) -> TieredPageStore:
+class HeldConversionStream(ConversionStream):
+    """A CPU conversion stream whose copies finish when the test says (a side stream, held): the copy
+    runs at launch, but a conversion is done only after ``complete()`` (every copy launched so far,
+    in order, as a stream finishes them) or a ``wait`` for it. With ``hold`` False, at once."""
+
+    def __init__(self, hold: bool = True):
+        self.hold = hold
+        self.launched = 0
+        self.completed = 0  # handles up to this one are done
+        self.waits = 0
+
+    def launch(self, copy):
+        copy()
+        self.launched += 1
+        return self.launched
+
+    def done(self, handle) -> bool:
+        return not self.hold or handle <= self.completed
+
+    def wait(self, handle) -> None:
+        self.waits += 1
+        self.completed = max(self.completed, handle)
+
+    def complete(self) -> None:
+        self.completed = self.launched
+
+
+def make_store(
+    num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True, stream: ConversionStream | None = None,
+    debug_poison: bool | None = None,
+) -> TieredPageStore:
     shape = StoreShape(
         num_logical_pages=num_logical,
         num_hot_pages=num_hot,
@@ -25,7 +56,7 @@ def make_store(num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True) -> 
         head_dim=DIM,
         hot_dtype=torch.float8_e4m3fn if fp8 else torch.float32,
     )
-    return TieredPageStore(shape)
+    return TieredPageStore(shape, conversion_stream=stream, debug_poison=debug_poison)
 
 
 def write_tokens(store: TieredPageStore, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

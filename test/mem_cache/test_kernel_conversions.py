@@ -75,9 +75,10 @@ def test_kernel_conversions_write_the_torch_codecs_bytes(heads, dim, page_size):
     _check_same_bytes(shape, kern, ref, "cuda")
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
+def _published(*stores):
+    """On CUDA the copies run on each store's side stream: wait for them and publish."""
+    for store in stores:
+        store.publish_conversions(wait=True)
 
 
 def _check_same_bytes(shape, kern, ref, device):
@@ -101,7 +102,7 @@ def _check_same_bytes(shape, kern, ref, device):
 
     stale = torch.tensor([2, 3, 5, 7, 8, 1], device=device)
     assert kern.retier(stale) == ref.retier(stale) == 6
-    _sync(device)
+    _published(kern, ref)
     for name in ("fmt", "phys"):
         assert torch.equal(getattr(kern.page_table, name), getattr(ref.page_table, name))
     for layer in range(shape.num_layers):
@@ -112,7 +113,7 @@ def _check_same_bytes(shape, kern, ref, device):
         store.end_step()  # the same free lists on both: promotion takes the same hot pages
     back = torch.tensor([3, 8], device=device)
     assert kern.promote(back) == ref.promote(back) == 2
-    _sync(device)
+    _published(kern, ref)
     assert torch.equal(kern.page_table.phys, ref.page_table.phys)
     promoted = kern.page_table.hot_slots(
         torch.cat([torch.arange(p * page_size, (p + 1) * page_size) for p in (3, 8)]).to(device)

@@ -1,11 +1,12 @@
 """Property test of the page lifecycle: random append / retier / promote / seal / finish / evict /
-abort / read sequences over a tiered store, with SGLang's logical ownership modelled beside it.
+abort / read sequences over a tiered store, with SGLang's logical ownership modelled beside it. Conversions may
+be held pending on the conversion stream (as on a GPU's side stream) until a ``copies_finish`` rule.
 
 After every step: no physical page is leaked or doubly freed (reference counts equal mappings; the
 free lists and the release quarantine hold exactly the unreferenced pages), #free logical == #free
-FP8 + #free TQ3 + #quarantined, no page a forward in flight read (planned since the end of the step
+FP8 + #free TQ3 + #quarantined + #held by pending conversions alone, no page a forward in flight read (planned since the end of the step
 before last; a device sync ends them all) is back on a free list or mapped to another logical page,
-every live logical page is readable, and attention over the mixed formats equals attention over the
+every live logical page is readable (a pending conversion's page in its old format), and attention over the mixed formats equals attention over the
 dense K/V up to codec error. Every allocation admission allows (logical room, and hot pages free or
 sealed: ``hot_reachable``) succeeds, however full the TQ3 region is.
 """
@@ -25,7 +26,7 @@ from sglang_minima.mem_cache.controller import LifecycleController
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.ops.dense import attend, causal_mask
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention
-from store_helpers import DIM, HEADS, LAYERS, PS, make_store, read_page, rel_err, write_tokens
+from store_helpers import DIM, HEADS, LAYERS, PS, HeldConversionStream, make_store, read_page, rel_err, write_tokens
 
 NUM_LOGICAL = 24
 NUM_HOT = 10
@@ -55,9 +56,10 @@ class Lifecycle(RuleBasedStateMachine):
     ticks_skipped = 0  # steps LifecycleController.settled let skip (each checked against a real tick)
     attention_every = 1  # the soak checks attention every N operations; the ownership invariants always
 
-    @initialize(anchors=st.integers(0, 3), scores=st.booleans())
-    def setup(self, anchors, scores):
-        self.store = make_store(NUM_LOGICAL, NUM_HOT)
+    @initialize(anchors=st.integers(0, 3), scores=st.booleans(), hold=st.booleans())
+    def setup(self, anchors, scores, hold=False):
+        self.stream = HeldConversionStream(hold)  # hold: conversions stay pending until copies_finish
+        self.store = make_store(NUM_LOGICAL, NUM_HOT, stream=self.stream)
         # Forwards in flight, by the (format, physical page, logical page) they read: those planned
         # since the last step end, and those planned before it (done at the next step end).
         self.reads_now: list[tuple[int, int, int]] = []
@@ -199,6 +201,29 @@ class Lifecycle(RuleBasedStateMachine):
         req = self.reqs.pop(data.draw(st.sampled_from(sorted(self.reqs))))
         self._free_pages(req.pages[req.shared:])
 
+    @precondition(lambda self: bool(self.reqs) or bool(self.tree))
+    @rule(data=st.data(), promote=st.booleans())
+    def convert(self, data, promote):
+        """A conversion outside the tick (the pressure path's retier, a promotion) of some live pages."""
+        live = sorted({p for r in self.reqs.values() for p in r.pages} | set(self.tree))
+        pages = torch.tensor(data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=4, unique=True)))
+        (self.store.promote if promote else self.store.retier)(pages)
+
+    @rule()
+    def copies_finish(self):
+        """The side stream finishes every copy launched so far (published at the next tick)."""
+        self.stream.complete()
+
+    @precondition(lambda self: self.store.conversions_pending)
+    @rule(data=st.data())
+    def convert_again(self, data):
+        """A page whose conversion is pending is not converted again, either way."""
+        conv = data.draw(st.sampled_from(self.store.pending))
+        busy = conv.pages[self.store.converting[conv.pages_host] == conv.id]
+        held = (self.store.hot_pool.num_held, self.store.tq3_pool.num_held)
+        assert self.store.retier(busy) == 0 and self.store.promote(busy) == 0
+        assert (self.store.hot_pool.num_held, self.store.tq3_pool.num_held) == held
+
     @precondition(lambda self: bool(self.tree))
     @rule(n=st.integers(1, 4))
     def evict(self, n):
@@ -208,6 +233,13 @@ class Lifecycle(RuleBasedStateMachine):
         for p in victims:
             del self.tree[p]
         self._free_pages(victims)
+
+    def teardown(self):
+        """The scheduler goes idle: every pending conversion publishes and the quarantine drains."""
+        self.store.drain_quarantine()
+        assert not self.store.conversions_pending and self.store.num_quarantined == 0
+        self.no_leaked_or_doubly_freed_page()
+        self.every_live_page_is_readable()
 
     # ------------------------------------------------------------------ invariants
 
@@ -224,6 +256,9 @@ class Lifecycle(RuleBasedStateMachine):
             expected = torch.zeros_like(pool.refcount)
             phys = pt.phys[mapped & (pt.fmt == fmt)].long()
             expected.index_add_(0, phys, torch.ones_like(phys, dtype=torch.int32))
+            for conv in store.pending:  # one reference on each source and each destination
+                for ids in ([conv.src] if conv.src_pool is pool else []) + ([conv.dst] if conv.dst_pool is pool else []):
+                    expected.index_add_(0, ids.long(), torch.ones_like(ids, dtype=torch.int32))
             assert torch.equal(pool.refcount, expected)
             free, quarantined = pool._free, pool._freed + pool._cooling
             assert len(free) + len(quarantined) == len(set(free) | set(quarantined))
@@ -235,9 +270,26 @@ class Lifecycle(RuleBasedStateMachine):
                     assert read_phys not in free, (read_phys, logical)
                     assert owner.get(read_phys, logical) == logical, (read_phys, logical)
         assert store.reference_mismatches() == 0  # the store's own check agrees with this one
-        assert len(self.free_logical) == store.hot_pool.num_free + store.tq3_pool.num_free + store.num_quarantined
+        held = store.held_by_conversions(store.hot_pool) + store.held_by_conversions(store.tq3_pool)
+        assert len(self.free_logical) == store.hot_pool.num_free + store.tq3_pool.num_free + store.num_quarantined + held
         live = {p for r in self.reqs.values() for p in r.pages} | set(self.tree)
         assert set(torch.nonzero(mapped).flatten().tolist()) == live
+
+    @invariant()
+    def pending_conversions_still_read_their_sources(self):
+        """Each logical page a pending conversion will publish is mapped to its source, in one
+        conversion at most; no other page is marked converting."""
+        store, pt = self.store, self.store.page_table
+        marked = set()
+        for conv in store.pending:
+            live = store.converting[conv.pages_host] == conv.id
+            src_fmt = FMT_HOT if conv.src_pool is store.hot_pool else FMT_TQ3
+            assert (pt.fmt[conv.pages[live]] == src_fmt).all()
+            assert torch.equal(pt.phys[conv.pages[live]].long(), conv.src[live])
+            marked |= set(conv.pages_host[live].tolist())
+        assert marked == set(torch.nonzero(store.converting).flatten().tolist())
+        if not store.pending:
+            assert not store.converting.any()
 
     def _pages(self):
         """Every live logical page with its written K, V [LAYERS, n, H, D] (n < PS for a tail)."""
@@ -290,9 +342,29 @@ def test_the_machine_skips_ticks_it_checks():
     """The soundness check above has something to check: a short deterministic run skips ticks."""
     Lifecycle.ticks_skipped = 0
     machine = Lifecycle()
-    machine.setup(anchors=0, scores=False)
+    machine.setup(anchors=0, scores=False, hold=False)
     machine.new_request(2 * PS)
     for _ in range(3):
         machine.step()  # the first tick retiers what it can, the next ones find nothing to do
     machine.teardown()
     assert Lifecycle.ticks_skipped >= 1
+
+
+def test_the_machine_holds_conversions_across_steps():
+    """The pending path has something to check: conversions stay pending over steps until the copies
+    finish, and the tick after that publishes them."""
+    machine = Lifecycle()
+    machine.setup(anchors=0, scores=False, hold=True)
+    machine.new_request(5 * PS)  # a sink page, two Stale pages, two Recent ones
+    machine.step()  # launches the conversion of the Stale pages
+    for _ in range(2):
+        assert machine.store.conversions_pending and machine.store.stats.retier.pages == 0
+        machine._read(machine.reqs[0])  # a forward reads them in FP8
+        machine.step()
+        machine.no_leaked_or_doubly_freed_page()
+        machine.every_live_page_is_readable()
+    machine.copies_finish()
+    machine.step()
+    assert not machine.store.conversions_pending and machine.store.stats.retier.pages == 2
+    machine.no_leaked_or_doubly_freed_page()
+    machine.teardown()

@@ -9,9 +9,9 @@ Per live request (its logical pages in sequence order):
 - Stale: the rest.
 A page held by several requests takes its highest tier. A page held by no live request (a cached
 prefix) keeps its format: FP8 pages nobody needs cost nothing, and a prefix hit may want them
-again. ``tick`` runs once per scheduler step: one batched FP8->TQ3 conversion of sealed Stale
-pages (with ``defer_prefill_conversion``, none held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
-``reserve_hot`` converts synchronously when an allocation finds no free FP8 page: cached
+again. ``tick`` runs once per scheduler step: it first publishes the conversions whose copy is
+done, then launches one batched FP8->TQ3 conversion of sealed Stale pages (with ``defer_prefill_conversion``, none held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
+``reserve_hot`` converts synchronously (waiting for the copy) when an allocation finds no free FP8 page: cached
 and Stale pages first, then Anchor, then Recent, oldest first; never a page being written.
 """
 
@@ -38,8 +38,13 @@ class LifecycleController:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
         of the live requests: each one's identity, page count and prefill state) found nothing to
         convert, promote or wait for, and no page was mapped, freed or converted since. Most decode
-        steps cross no page boundary, so they skip the tick's classification and its launches."""
-        return self._settled is not None and self._settled == (key, self._store_state())
+        steps cross no page boundary, so they skip the tick's classification and its launches.
+        Never while conversions are pending: the tick publishes them."""
+        return (
+            self._settled is not None
+            and not self.store.conversions_pending
+            and self._settled == (key, self._store_state())
+        )
 
     def _store_state(self) -> tuple[int, int, int]:
         store = self.store
@@ -84,6 +89,7 @@ class LifecycleController:
         """
         store, pt, p = self.store, self.store.page_table, self.config
         self._settled = None
+        store.publish_conversions()  # those whose copy is done (no wait)
         pt.tier.copy_(self.classify(sequences))
         if p.disable_stale:
             self._settle(key)
@@ -107,32 +113,37 @@ class LifecycleController:
 
     def _settle(self, key: Hashable) -> None:
         # Attention-score anchors move every step: such a tick is never known to be idle.
+        if self.store.conversions_pending:  # the next tick must run to publish them
+            return
         if key is not None and not (self.config.attention_score_anchors and self.config.anchor_pages > 0):
             self._settled = (key, self._store_state())
 
     def hot_reachable(self) -> int:
         """Hot pages an allocation can get: free and quarantined ones (``reserve_hot`` frees the
-        quarantine) plus sealed ones a conversion would free."""
-        hot = self.store.hot_pool
-        return hot.num_free + hot.num_quarantined + int(self.store.hot_convertible().sum())
+        quarantine), those only pending conversions hold (it publishes them first) plus sealed ones
+        a conversion would free."""
+        store = self.store
+        hot = store.hot_pool
+        return (hot.num_free + hot.num_quarantined + store.held_by_conversions(hot)
+                + int(store.hot_convertible().sum()))
 
     def reserve_hot(self, num_pages: int) -> bool:
         """Make ``num_pages`` hot pages free for an allocation; False if that is impossible.
 
-        First the quarantine: an allocation runs between forwards, so after a device sync no
-        forward reads a freed page. Then pressure: convert sealed hot pages, cached and Stale
+        First the pending conversions and the quarantine: an allocation runs between forwards, so
+        after a device sync no copy runs and no forward reads a freed page. Then pressure: convert sealed hot pages, cached and Stale
         first, then Anchor, then Recent, oldest first.
         """
         store = self.store
         short = num_pages - store.hot_pool.num_free
         if short <= 0:
             return True
-        if store.num_quarantined:  # both pools: a conversion needs free TQ3 pages too
+        if store.num_quarantined or store.conversions_pending:  # both pools: a conversion needs free TQ3 pages too
             store.drain_quarantine()
             short = num_pages - store.hot_pool.num_free
         if short > 0 and not self.config.disable_stale:
             store.stats.pressure_retier_pages += store.retier(self._order(store.hot_convertible(), demote=True)[:short])
-            store.drain_quarantine()  # the converted pages' sources, now (a second device sync)
+            store.drain_quarantine()  # publishes it and frees its sources, now (a second device sync)
         return store.hot_pool.num_free >= num_pages
 
     def _order(self, mask: torch.Tensor, *, demote: bool) -> torch.Tensor:

@@ -15,13 +15,16 @@ takes no reference, so it needs no host sync and can be captured in a CUDA graph
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
 class PhysicalPagePool:
-    def __init__(self, num_pages: int, name: str):
+    def __init__(self, num_pages: int, name: str, on_free: Callable[[list[int]], None] | None = None):
         self.num_pages = num_pages
         self.name = name
+        self.on_free = on_free  # called with the pages each time some return to the free list (a debug poison)
         self.refcount = torch.zeros(num_pages + 1, dtype=torch.int32)
         # A stack popping the lowest ids first keeps used pages dense at the start of the buffer.
         self._free: list[int] = list(range(num_pages, 0, -1))
@@ -44,13 +47,18 @@ class PhysicalPagePool:
 
     def end_step(self) -> None:
         """A step's result is processed: the pages freed before the previous call are free."""
-        self._free.extend(sorted(self._cooling, reverse=True))
+        self._to_free(sorted(self._cooling, reverse=True))
         self._cooling, self._freed = self._freed, []
 
     def drain(self) -> None:
         """Every quarantined page is free; the caller has synchronized the device first."""
-        self._free.extend(sorted(self._cooling + self._freed, reverse=True))
+        self._to_free(sorted(self._cooling + self._freed, reverse=True))
         self._cooling, self._freed = [], []
+
+    def _to_free(self, pages: list[int]) -> None:
+        if pages and self.on_free is not None:
+            self.on_free(pages)
+        self._free.extend(pages)
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """``n`` pages with count 1 (int64), or None when fewer are free."""
@@ -83,7 +91,11 @@ class PhysicalPagePool:
         counts = self.refcount[touched]
         if bool((counts < 0).any()):
             raise RuntimeError(f"{self.name}: physical page released more times than referenced")
-        (self._free if unread else self._freed).extend(touched[counts == 0].tolist())
+        released = touched[counts == 0].tolist()
+        if unread:
+            self._to_free(released)
+        else:
+            self._freed.extend(released)
 
     def mismatches(self, expected: torch.Tensor) -> int:
         """Pages whose count is not ``expected`` (int [num_pages + 1], what their owners hold), or
@@ -98,5 +110,5 @@ class PhysicalPagePool:
 
     def reset(self) -> None:
         self.refcount.zero_()
-        self._free = list(range(self.num_pages, 0, -1))
-        self._freed, self._cooling = [], []
+        self._free, self._freed, self._cooling = [], [], []
+        self._to_free(list(range(self.num_pages, 0, -1)))

@@ -10,7 +10,7 @@ What this class adds:
 - it remembers the requests it matched, so the controller can see each live request's pages in
   sequence order (``req_to_token`` row, ``kv_allocated_len``);
 - ``flush_pending_backups`` (called once per scheduler step, after the step's result) moves the
-  pools' release quarantine on (frees it when nothing is live) and runs ``LifecycleController.tick`` (telling it which requests are still
+  pools' release quarantine on (when nothing is live: publishes pending conversions and frees it) and runs ``LifecycleController.tick`` (telling it which requests are still
   in prefill, for ``defer_prefill_conversion``);
 - prefix hits by format: the formats of the pages a request was matched to when it was admitted;
 - ``step_listeners``: called with the store after each step's lifecycle work (the plugin's

@@ -8,12 +8,19 @@ between the two formats (the torch codec; on CUDA, the TileLang kernels: kernel_
 Ownership (see README.md): SGLang owns logical pages (request rows, tree, locks). A logical page
 mapped here holds one reference on its physical page; conversions add their own. A page whose last
 reference goes waits in its pool's quarantine until no forward in flight can read it.
+
+Conversions run on the conversion stream (conversion_stream.py; on CUDA a side stream) and stay
+pending until their copy is done: the sources stay mapped (forwards keep reading the old format),
+the destinations are allocated but not mapped. ``publish_conversions`` (each tick, and with a wait
+wherever the store needs the result now: ``drain_quarantine``) then maps the destinations and drops
+the sources. A logical page SGLang frees meanwhile is not mapped again: its destination goes back.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +33,7 @@ from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageL
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
+from sglang_minima.mem_cache.conversion_stream import ConversionStream, conversion_stream_for
 from sglang_minima.mem_cache.device_routes import DeviceRouteCounter
 from sglang_minima.mem_cache.kernel_conversions import KernelConversions, kernel_conversions
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable
@@ -102,6 +110,25 @@ class StoreShape:
         return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim)
 
 
+@dataclass
+class PendingConversion:
+    """A conversion whose copy was launched and is not published yet; it holds one reference on
+    each source and on each destination (allocated, not mapped)."""
+
+    id: int
+    pages: torch.Tensor  # logical pages, on the device
+    pages_host: torch.Tensor  # the same, int64 on the host
+    src: torch.Tensor  # source physical pages, int64 on the device (the copy reads them until done)
+    dst: torch.Tensor  # destination physical pages, int64 on the host
+    dst_ids: torch.Tensor  # the same on the device
+    src_pool: PhysicalPagePool
+    dst_pool: PhysicalPagePool
+    dst_fmt: int
+    stats: ConversionStats
+    seconds: float  # host time of the launch
+    handle: object  # the conversion stream's
+
+
 def split_pages(num_logical_pages: int, fp8_page_fraction: float) -> int:
     """FP8 physical pages for a logical capacity: round(fraction * L), at least 1."""
     return min(num_logical_pages, max(1, round(fp8_page_fraction * num_logical_pages)))
@@ -116,14 +143,20 @@ class TieredPageStore:
         rotation_seed: int = 0,
         first_layer_id: int = 0,
         conversion_kernels: bool = True,
+        conversion_stream: ConversionStream | None = None,
+        debug_poison: bool | None = None,
     ):
         self.shape = shape
         self.page_size = shape.page_size
         self.layout = shape.layout
         self.device = torch.device(device)
         self.page_table = PageTable(shape.num_logical_pages, shape.page_size, self.device)
-        self.hot_pool = PhysicalPagePool(shape.num_hot_pages, "hot")
-        self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3")
+        # SGLang's memory-pool debug switch: a page back on a free list is filled with NaN bytes, so a
+        # forward that still reads it (a use after free) shows NaN.
+        if debug_poison is None:
+            debug_poison = os.environ.get("SGLANG_DEBUG_MEMORY_POOL", "").lower() in ("1", "true", "yes")
+        self.hot_pool = PhysicalPagePool(shape.num_hot_pages, "hot", self._poison_hot if debug_poison else None)
+        self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3", self._poison_tq3 if debug_poison else None)
         self.epoch = 0  # scheduler steps ended (end_step)
         self.version = 0  # mapping changes (map, unmap, conversions): LifecycleController.settled reads it
         self.stats = MinimaStats()
@@ -145,6 +178,11 @@ class TieredPageStore:
         self.codebook: Codebook = tq3_codebook(shape.head_dim).to(self.device)
         # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes); else the torch codec.
         self.kernels: KernelConversions | None = kernel_conversions(self) if conversion_kernels else None
+        self.conversion_stream = conversion_stream if conversion_stream is not None else conversion_stream_for(self.device)
+        self.pending: list[PendingConversion] = []  # launch order
+        # Host: the pending conversion (its id) each logical page is in, 0 for none; unmap clears it.
+        self.converting = torch.zeros(shape.num_logical_pages + 1, dtype=torch.int64)
+        self._conversion_ids = 0
 
     def _zeros(self, size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(size, dtype=dtype, device=self.device)
@@ -157,6 +195,21 @@ class TieredPageStore:
     def num_quarantined(self) -> int:
         """Physical pages of both formats freed but not yet back on their free lists."""
         return self.hot_pool.num_quarantined + self.tq3_pool.num_quarantined
+
+    @property
+    def conversions_pending(self) -> bool:
+        return bool(self.pending)
+
+    def held_by_conversions(self, pool: PhysicalPagePool) -> int:
+        """Pages of ``pool`` only pending conversions hold: destinations not published yet, and the
+        sources of logical pages SGLang freed meanwhile (both become free or quarantined at publish)."""
+        n = 0
+        for conv in self.pending:
+            if conv.dst_pool is pool:
+                n += conv.dst.numel()
+            if conv.src_pool is pool:
+                n += int((self.converting[conv.pages_host] != conv.id).sum())
+        return n
 
     @property
     def is_fp8(self) -> bool:
@@ -183,6 +236,8 @@ class TieredPageStore:
         phys = self.page_table.phys[pages]
         if bool((phys == 0).any()):
             raise RuntimeError("free of a logical page that is not mapped (double free)")
+        if self.pending:
+            self.converting[pages.cpu()] = 0  # their pending conversions will not map them again
         self.hot_pool.release(phys[fmt == FMT_HOT])
         self.tq3_pool.release(phys[fmt == FMT_TQ3])
         self.page_table.unmap(pages)
@@ -190,6 +245,10 @@ class TieredPageStore:
 
     def reset(self) -> None:
         """Every logical page was freed at once (SGLang's allocator clear)."""
+        for conv in self.pending:  # no copy may still write a page the pools hand out again
+            self.conversion_stream.wait(conv.handle)
+        self.pending = []
+        self.converting.zero_()
         self.hot_pool.reset()
         self.tq3_pool.reset()
         self.page_table.unmap(torch.arange(self.page_table.num_logical_pages + 1, device=self.device))
@@ -197,14 +256,16 @@ class TieredPageStore:
 
     def reference_mismatches(self) -> int:
         """Physical pages whose reference count is not what their owners hold: the logical page
-        mapping it (1; a conversion's references live only inside ``retier``/``promote``), or whose
-        place on the free list or in the quarantine disagrees with a count of 0. 0 between steps."""
+        mapping it (1) and each pending conversion copying from or into it (1), or whose place on
+        the free list or in the quarantine disagrees with a count of 0. 0 between steps."""
         pt = self.page_table
         mapped = pt.mapped
         wrong = 0
         for pool, fmt in ((self.hot_pool, FMT_HOT), (self.tq3_pool, FMT_TQ3)):
-            owners = pt.phys[mapped & (pt.fmt == fmt)].to("cpu", torch.int64)
-            wrong += pool.mismatches(torch.bincount(owners, minlength=pool.num_pages + 1))
+            owners = [pt.phys[mapped & (pt.fmt == fmt)].to("cpu", torch.int64)]
+            owners += [conv.src.cpu() for conv in self.pending if conv.src_pool is pool]
+            owners += [conv.dst for conv in self.pending if conv.dst_pool is pool]
+            wrong += pool.mismatches(torch.bincount(torch.cat(owners), minlength=pool.num_pages + 1))
         return wrong
 
     # ---------------------------------------------------------------- routes and scores
@@ -235,9 +296,11 @@ class TieredPageStore:
         self.epoch += 1
 
     def drain_quarantine(self) -> None:
-        """Free every quarantined page now: waits for the device, so no forward can read them."""
-        if self.num_quarantined:
+        """Publish every pending conversion and free every quarantined page now (their sources
+        included): waits for the device, so no copy runs and no forward can read them."""
+        if self.num_quarantined or self.pending:
             torch.get_device_module(self.device).synchronize()
+            self.publish_conversions(wait=True)
             self.hot_pool.drain()
             self.tq3_pool.drain()
 
@@ -248,10 +311,17 @@ class TieredPageStore:
         pt = self.page_table
         return pt.sealed & (pt.fmt == FMT_HOT)
 
+    def _not_converting(self, pages: torch.Tensor) -> torch.Tensor:
+        """``pages`` less those a pending conversion already converts."""
+        if not self.pending:
+            return pages
+        return pages[(self.converting[pages.cpu()] == 0).to(self.device)]
+
     def retier(self, pages: torch.Tensor) -> int:
-        """FP8 -> TQ3 for sealed hot logical pages, one batched encode per layer; returns pages converted."""
+        """FP8 -> TQ3 for sealed hot logical pages, one batched encode per layer; returns pages
+        converted (launched: on a side stream they publish once their copy is done)."""
         pages = pages.to(device=self.device, dtype=torch.int64)
-        pages = pages[self.hot_convertible()[pages]]
+        pages = self._not_converting(pages[self.hot_convertible()[pages]])
         copy = self.kernels.encode if self.kernels is not None else self._per_layer(self._encode_layer)
         return self._convert(pages, self.hot_pool, self.tq3_pool, FMT_TQ3, copy, self.stats.retier)
 
@@ -259,7 +329,7 @@ class TieredPageStore:
         """TQ3 -> FP8 for mapped TQ3 logical pages (decode, un-rotate, re-quantize); returns pages promoted."""
         pages = pages.to(device=self.device, dtype=torch.int64)
         pt = self.page_table
-        pages = pages[pt.mapped[pages] & (pt.fmt[pages] == FMT_TQ3)]
+        pages = self._not_converting(pages[pt.mapped[pages] & (pt.fmt[pages] == FMT_TQ3)])
         copy = self.kernels.decode if self.kernels is not None else self._per_layer(self._decode_layer)
         return self._convert(pages, self.tq3_pool, self.hot_pool, FMT_HOT, copy, self.stats.promote)
 
@@ -279,9 +349,9 @@ class TieredPageStore:
         copy: Callable[[torch.Tensor, torch.Tensor], None],
         stats: ConversionStats,
     ) -> int:
-        """Copy before publish: retain the sources, allocate and fill the destinations layer by
-        layer, publish the new (format, id), then drop the sources' mapping and conversion
-        references. A failure leaves every page where it was."""
+        """Copy before publish: retain the sources, allocate the destinations and launch their
+        copy (every layer) on the conversion stream; ``_publish`` maps them once it is done. A
+        failure to launch leaves every page where it was."""
         pages = pages[: dst_pool.num_free]
         n = int(pages.numel())
         if n == 0:
@@ -293,7 +363,7 @@ class TieredPageStore:
         dst_ids = dst.to(self.device)
         try:
             with scratch.measure() as meter:
-                copy(src, dst_ids)  # every layer
+                handle = self.conversion_stream.launch(lambda: copy(src, dst_ids))
             self.stats.note_scratch_bytes(meter.peak_bytes)
         except Exception:
             logger.exception("Minima: converting %d pages to format %d failed; they keep their format", n, dst_fmt)
@@ -301,12 +371,50 @@ class TieredPageStore:
             src_pool.release(src)  # the conversion's reference; the mapping keeps each page
             stats.failed_pages += n
             return 0
-        self.page_table.publish(pages, dst_fmt, dst_ids)
-        self.version += 1
-        src_pool.release(src)  # the logical pages' mappings moved to dst
-        src_pool.release(src)  # the conversion is done
-        stats.record(n, time.perf_counter() - start)
+        self._conversion_ids += 1
+        pages_host = pages.cpu()
+        self.converting[pages_host] = self._conversion_ids
+        self.pending.append(PendingConversion(
+            self._conversion_ids, pages, pages_host, src, dst, dst_ids, src_pool, dst_pool, dst_fmt, stats,
+            time.perf_counter() - start, handle,
+        ))
+        self.publish_conversions()  # where the copy ran at once (the host), it publishes now
         return n
+
+    def publish_conversions(self, *, wait: bool = False) -> None:
+        """Publish the pending conversions whose copy is done (with ``wait``: all, waiting for them;
+        only between forwards). The page-table writes go on the current stream."""
+        waiting = []
+        for conv in self.pending:
+            if wait:
+                self.conversion_stream.wait(conv.handle)
+            elif not self.conversion_stream.done(conv.handle):
+                waiting.append(conv)
+                continue
+            self._publish(conv)
+        self.pending = waiting
+
+    def _publish(self, conv: PendingConversion) -> None:
+        live = self.converting[conv.pages_host] == conv.id  # False: SGLang freed the page meanwhile
+        self.converting[conv.pages_host[live]] = 0
+        keep = live.to(self.device)
+        self.page_table.publish(conv.pages[keep], conv.dst_fmt, conv.dst_ids[keep])
+        self.version += 1
+        conv.src_pool.release(conv.src[keep])  # the live pages' mappings moved to dst
+        conv.src_pool.release(conv.src)  # the conversion is done
+        conv.dst_pool.release(conv.dst[~live], unread=True)  # never mapped: no forward read them
+        conv.stats.record(int(live.sum()), conv.seconds)
+
+    def _poison_hot(self, pages: list[int]) -> None:
+        rows = (torch.tensor(pages, device=self.device)[:, None] * self.page_size
+                + torch.arange(self.page_size, device=self.device)).flatten()
+        for buf in self.hot_k + self.hot_v:
+            buf.view(torch.uint8)[rows] = 0xFF  # NaN in e4m3fn, bf16, fp16 and fp32 alike
+
+    def _poison_tq3(self, pages: list[int]) -> None:
+        idx = torch.tensor(pages, device=self.device)
+        for buf in self.tq3:
+            buf[idx] = 0xFF  # the fp16 norms and scales read NaN
 
     def _encode_layer(self, layer: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         k, v = self._hot_pages(layer, src)

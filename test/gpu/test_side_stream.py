@@ -1,0 +1,198 @@
+"""The store's conversions on a CUDA side stream (mem_cache/conversion_stream.py), on the device:
+the synchronous path's bytes, even behind source writes still queued on the current stream; no use
+after free under an emulated overlap scheduler (pages NaN-poisoned as they return to a free list,
+a slowed forward on its own stream), and the same run with a shortened quarantine does read NaN;
+a decode step's forward (plan, kernels) with no host sync while conversions are pending."""
+
+import pytest
+import torch
+
+from sglang_minima.codec.fp8 import fp8_quantize
+from sglang_minima.mem_cache.conversion_stream import ConversionStream, CudaConversionStream
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
+from sglang_minima.mem_cache.tier_store import StoreShape, TieredPageStore
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+PS, HEADS, DIM, LAYERS, HQ = 64, 4, 128, 2, 16
+SLEEP = int(2e8)  # GPU cycles: ~0.1 s on an H200, far longer than the host's work between launches
+
+
+def _store(num_logical=16, num_hot=8, **kwargs) -> TieredPageStore:
+    shape = StoreShape(num_logical_pages=num_logical, num_hot_pages=num_hot, page_size=PS, num_layers=LAYERS,
+                       num_kv_heads=HEADS, head_dim=DIM, hot_dtype=torch.float8_e4m3fn)
+    return TieredPageStore(shape, device="cuda", rotation_seed=5, **kwargs)
+
+
+def _slots(pages: torch.Tensor) -> torch.Tensor:
+    return (pages[:, None] * PS + torch.arange(PS, device=pages.device)).flatten()
+
+
+def _kv(n_pages: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(2, LAYERS, n_pages * PS, HEADS, DIM, device="cuda", generator=g)
+
+
+def _write(store, pages, kv, tokens=None):
+    """MinimaKVPool.set_kv_buffer's work for every layer, on the current stream; seals what it fills."""
+    slots = _slots(pages)[:tokens]
+    hot = store.page_table.hot_slots(slots)
+    for layer in range(LAYERS):
+        store.hot_k[layer][hot] = fp8_quantize(kv[0, layer, : slots.numel()]).view(torch.uint8)
+        store.hot_v[layer][hot] = fp8_quantize(kv[1, layer, : slots.numel()]).view(torch.uint8)
+    store.page_table.note_written(slots)
+
+
+def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
+    side, sync = _store(), _store(conversion_stream=ConversionStream())  # sync: the current stream, at once
+    assert isinstance(side.conversion_stream, CudaConversionStream) and side.kernels is not None
+    pages, kv = torch.arange(1, 9, device="cuda"), _kv(8, 0)
+    for store in (side, sync):
+        store.map_new(pages)
+    _write(sync, pages, kv)
+    side.page_table.note_written(_slots(pages))  # sealed, but its bytes come late:
+    real = side.conversion_stream.launch
+
+    def launch_behind_late_writes(copy):
+        torch.cuda._sleep(SLEEP)  # the forward writing the pages' K/V, still queued on the current stream
+        _write(side, pages, kv)
+        return real(copy)
+
+    monkeypatch.setattr(side.conversion_stream, "launch", launch_behind_late_writes)
+    stale = torch.tensor([2, 3, 5, 7, 8, 1], device="cuda")
+    assert side.retier(stale) == sync.retier(stale) == 6
+    assert side.conversions_pending and (side.page_table.fmt[stale] == FMT_HOT).all()  # not published yet
+    side.publish_conversions(wait=True)
+    for name in ("fmt", "phys"):
+        assert torch.equal(getattr(side.page_table, name), getattr(sync.page_table, name))
+    for layer in range(LAYERS):
+        assert torch.equal(side.tq3[layer], sync.tq3[layer]), f"layer {layer}: TQ3 bytes differ"
+
+    monkeypatch.setattr(side.conversion_stream, "launch", real)
+    for store in (side, sync):
+        store.end_step()
+    back = torch.tensor([3, 8], device="cuda")
+    assert side.promote(back) == sync.promote(back) == 2
+    side.publish_conversions(wait=True)
+    assert torch.equal(side.page_table.phys, sync.page_table.phys)
+    rows = side.page_table.hot_slots(_slots(back))
+    for layer in range(LAYERS):
+        assert torch.equal(side.hot_k[layer][rows], sync.hot_k[layer][rows])
+        assert torch.equal(side.hot_v[layer][rows], sync.hot_v[layer][rows])
+    assert side.reference_mismatches() == 0 and side.stats.retier.pages == 6 and side.stats.promote.pages == 2
+
+
+def _read(store, rows):
+    """A forward's read of its planned rows (layer 0, K and V): finite unless it reads a poisoned page."""
+    k = store.hot_k[0][rows].view(torch.float8_e4m3fn).float()
+    v = store.hot_v[0][rows].view(torch.float8_e4m3fn).float()
+    return (k * v).sum(-1)
+
+
+def _overlap_run(steps=8):
+    """SGLang's overlap scheduler, emulated: forward i runs (slowed) on its own stream while the host
+    processes result i-1 on the current stream: it frees two pages forward i reads, frees the request
+    before's other pages (converted, or their conversion still pending), ends the step, publishes the
+    conversions done and converts this request's other two pages on the side stream. Pages are
+    NaN-poisoned as they return to a free list. Returns each forward's output and its unslowed value."""
+    store = _store(num_logical=48, num_hot=24, debug_poison=True)
+    fwd = torch.cuda.Stream()
+    free_logical = list(range(1, 49))
+    outs, refs, prev_done, prev_pages = [], [], None, None
+    for i in range(steps):
+        pages = torch.tensor(free_logical[:4], device="cuda")
+        del free_logical[:4]
+        store.map_new(pages)
+        _write(store, pages, _kv(4, i))
+        rows = store.page_table.hot_slots(_slots(pages))  # forward i's plan
+        refs.append(_read(store, rows))
+        fwd.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(fwd):
+            torch.cuda._sleep(SLEEP)
+            outs.append(_read(store, rows))
+        done = torch.cuda.Event()
+        done.record(fwd)
+        if prev_done is not None:
+            prev_done.synchronize()  # result i-1 (forward i still runs)
+        store.unmap(pages[:2])
+        freed = pages[:2].tolist()
+        if prev_pages is not None:
+            store.unmap(prev_pages)
+            freed += prev_pages.tolist()
+        free_logical += freed
+        store.end_step()
+        store.publish_conversions()  # the tick
+        store.retier(pages[2:])
+        prev_done, prev_pages = done, pages[2:]
+    torch.cuda.synchronize()
+    assert store.reference_mismatches() == 0
+    return outs, refs
+
+
+def test_no_forward_reads_a_freed_page_under_the_overlap_scheduler():
+    outs, refs = _overlap_run()
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert torch.isfinite(out).all(), f"forward {i} read a poisoned page"
+        assert torch.equal(out, ref), f"forward {i} read changed bytes"
+
+
+def test_a_shortened_quarantine_lets_a_forward_read_a_poisoned_page(monkeypatch):
+    """The test above can fail: with pages free at the first end_step, forward i reads NaN."""
+    monkeypatch.setattr(PhysicalPagePool, "end_step", PhysicalPagePool.drain)
+    outs, _ = _overlap_run()
+    assert any(not torch.isfinite(out).all() for out in outs)
+
+
+def test_a_decode_step_has_no_host_sync_while_conversions_are_pending(monkeypatch):
+    from minima_kernels import MinimaDecodeWrapper
+
+    from sglang_minima.layers.attention.forward_plan import plan_forward
+
+    store = _store()
+    pages = torch.arange(1, 9, device="cuda")  # two requests of four pages, the last ones partial
+    store.map_new(pages)
+    for req in (pages[:4], pages[4:]):
+        _write(store, req, _kv(4, int(req[0])), tokens=4 * PS - 5)
+    req_to_token = torch.zeros(3, 4 * PS, dtype=torch.int32, device="cuda")
+    req_to_token[1], req_to_token[2] = _slots(pages[:4]), _slots(pages[4:])
+    rows = torch.tensor([1, 2], device="cuda")
+    kv_lens = torch.full((2,), 4 * PS - 5, device="cuda")
+    q_lens = torch.ones(2, dtype=torch.int64, device="cuda")
+    q = torch.randn(2, HQ, DIM, device="cuda", dtype=torch.bfloat16)
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = MinimaDecodeWrapper(workspace, HQ, HEADS, DIM, PS)
+
+    def decode_step():
+        """A captured decode step's work: the plan from the live page table, then the kernels."""
+        plan = plan_forward(req_to_token, rows, kv_lens, q_lens, store.page_table.fmt, store.page_table.phys,
+                            PS, max_pages=4)
+        wrapper.plan_graph(plan.hot.indptr, plan.hot.pages, plan.hot_last_page_len, plan.tq3.indptr,
+                           plan.tq3.pages, max_pages=4)
+        out = []
+        for layer in range(LAYERS):
+            k = store.hot_k[layer].view(torch.float8_e4m3fn).view(-1, PS, HEADS, DIM)
+            v = store.hot_v[layer].view(torch.float8_e4m3fn).view(-1, PS, HEADS, DIM)
+            o, _ = wrapper.run(q, (k, v), store.tq3[layer], store.rotations[layer].signs,
+                               k_scale=store.k_scales[layer], v_scale=store.v_scales[layer])
+            out.append(o.clone())
+        return torch.stack(out)
+
+    before = decode_step()  # builds the kernels (host work allowed here)
+    real = store.conversion_stream.launch
+    monkeypatch.setattr(store.conversion_stream, "launch", lambda copy: real(lambda: (torch.cuda._sleep(SLEEP), copy())))
+    assert store.retier(torch.tensor([1, 2, 5, 6], device="cuda")) == 4
+    assert store.conversions_pending
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        during = decode_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert store.conversions_pending  # the forward neither waited for nor published them
+    torch.testing.assert_close(during, before, rtol=1e-3, atol=1e-3)  # it read the sources, in FP8
+    store.publish_conversions(wait=True)
+    assert (store.page_table.fmt[torch.tensor([1, 2, 5, 6], device="cuda")] == FMT_TQ3).all()
+    assert torch.isfinite(decode_step()).all()
