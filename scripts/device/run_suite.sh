@@ -10,6 +10,8 @@
 #     CAP_ARGS (env): its flags (default: Llama-3-8B-class, 8 then 16 x 32K prompts, 20 GiB of KV per arm)
 #   bash scripts/device/run_suite.sh soak [BUDGET_S]        # serving_soak.py: mixed traffic, then the pool's checks
 #     SOAK_ARGS (env): more of its flags (default: its cuda profile, the load sized to the budget)
+#   bash scripts/device/run_suite.sh probe [BUDGET_S]       # stale_probe.py --device cuda: NIAH per KV mode
+#     PROBE_ARGS (env): its flags (default: 16 examples of four tasks; fp8, tq3, tq3v, k4 at 128-token chunks)
 # `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
 # budget. Phases may run at once (separate work and output folders).
@@ -82,7 +84,15 @@ soak)
     --work "$WORK/soak" --out "$OUT/serving_soak.json" ${SOAK_ARGS:-} > "$WORK/soak.log" 2>&1
   tail -c 2500 "$WORK/soak.log"
   ;;
-*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak [BUDGET_S]"; exit 2 ;;
+probe)
+  # the in-process emulation of Minima's KV (benchmark/quality/stale_probe.py) on the GPU: RULER NIAH
+  # answers per KV mode on the same examples (RULER's generator: carry .devbundle/extras once)
+  timeout -s INT "$budget" python3 benchmark/quality/stale_probe.py --device cuda --time-budget-s $((budget - 60)) \
+    ${PROBE_ARGS:---n 16 --modes fp8@128,tq3@128,tq3v@128,k4@128 --max-new-tokens 40} \
+    --out "$OUT/stale_probe.json" > "$WORK/probe.log" 2>&1
+  grep -v "^examples" "$WORK/probe.log" | tail -40
+  ;;
+*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .
