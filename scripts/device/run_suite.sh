@@ -87,7 +87,7 @@ soak)
 probe)
   # the in-process emulation of Minima's KV (benchmark/quality/stale_probe.py) on the GPU: RULER NIAH
   # answers per KV mode on the same examples (RULER's generator: carry .devbundle/extras once)
-  timeout -s INT "$budget" python3 benchmark/quality/stale_probe.py --device cuda --time-budget-s $((budget - 60)) \
+  timeout -s INT "$budget" python3 benchmark/quality/stale_probe.py --device cuda --time-budget-s $((budget - 40)) \
     ${PROBE_ARGS:---n 16 --modes fp8@128,tq3@128,tq3v@128,k4@128 --max-new-tokens 40} \
     --out "$OUT/stale_probe.json" > "$WORK/probe.log" 2>&1
   grep -v "^examples" "$WORK/probe.log" | tail -40

@@ -361,6 +361,7 @@ class TieredPageStore:
         src_pool.retain(src)
         dst = dst_pool.alloc(n)
         dst_ids = dst.to(self.device)
+        pages_host = pages.cpu()  # before the launch: a device read after it would wait for the copy's inputs
         try:
             with scratch.measure() as meter:
                 handle = self.conversion_stream.launch(lambda: copy(src, dst_ids))
@@ -372,7 +373,6 @@ class TieredPageStore:
             stats.failed_pages += n
             return 0
         self._conversion_ids += 1
-        pages_host = pages.cpu()
         self.converting[pages_host] = self._conversion_ids
         self.pending.append(PendingConversion(
             self._conversion_ids, pages, pages_host, src, dst, dst_ids, src_pool, dst_pool, dst_fmt, stats,
