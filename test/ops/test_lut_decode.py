@@ -133,3 +133,22 @@ def test_a_request_with_pages_of_one_format_only_beside_one_with_both():
     want, got = _both(plan, hot_k, hot_v, tq3, layout, codebook, rotation, scales, q, tile_pages=4)
     _close(got, want)
     assert torch.isfinite(got[1]).all()
+
+
+@pytest.mark.parametrize("decode", [lut_hot_batch_decode, hot_batch_decode])
+def test_rows_past_a_requests_end_do_not_reach_the_output(decode):
+    """A partial last page's unwritten rows hold what the page held before, e.g. the NaN that
+    SGLANG_DEBUG_MEMORY_POOL's poison leaves in a page handed out again: weight 0, and no NaN out."""
+    kv_lens = [70, 130, 9]
+    plan, hot_k, hot_v, *_ = _pool(kv_lens, 0.0, 5)
+    q = torch.randn(3, 6, 64, generator=torch.Generator().manual_seed(2))
+    args = (q, plan.hot, plan.kv_lens, 16)
+    want = decode(*args, hot_k, hot_v, 64**-0.5, K_SCALE, V_SCALE)
+    poisoned_k, poisoned_v = hot_k.clone(), hot_v.clone()
+    for row, n in enumerate(kv_lens):  # the rows of each request's last page past its end
+        last = int(plan.hot.pages[int(plan.hot.indptr[row + 1]) - 1])
+        poisoned_k[last * 16 + n % 16 : (last + 1) * 16] = 0xFF  # NaN in e4m3
+        poisoned_v[last * 16 + n % 16 : (last + 1) * 16] = 0xFF
+    got = decode(*args, poisoned_k, poisoned_v, 64**-0.5, K_SCALE, V_SCALE)
+    assert torch.isfinite(got[0]).all()
+    _close(got, want)

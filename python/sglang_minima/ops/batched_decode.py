@@ -101,6 +101,9 @@ def hot_batch_decode(
         ids = hot.pages[span].to(torch.int64)
         k, v = dequantize_hot(k_pages[ids], k_scale), dequantize_hot(v_pages[ids], v_scale)
         visible = token_visibility(hot.page_index[span], req, kv_lens, ps)
+        # Rows past a request's end hold whatever the page held before (SGLANG_DEBUG_MEMORY_POOL's
+        # NaN poison too): their weight is 0, but 0 * NaN is NaN.
+        v.masked_fill_(~visible.view(*visible.shape, 1, 1), 0.0)
         note_scratch(k, v, visible)
         tile = _segment_attend(q, req, k, v, visible, sm_scale)
         out, lse = merge_attention_states(out, lse, *tile)

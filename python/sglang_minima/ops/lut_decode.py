@@ -145,8 +145,11 @@ def lut_hot_batch_decode(
         ids = hot.pages[span].to(torch.int64)
         k = _hot_pages(k_buffer, ids, page_size)
         s = torch.matmul(qs.index_select(0, req), k.transpose(-1, -2))
-        p, m, denom = _segment_softmax(s, req, _visibility(hot.page_index[span], req, kv_lens, page_size), b)
+        visible = _visibility(hot.page_index[span], req, kv_lens, page_size)
+        p, m, denom = _segment_softmax(s, req, visible, b)
         v = _hot_pages(v_buffer, ids, page_size)
+        if visible is not None:  # rows past the end may hold anything (the debug poison's NaN): 0 * NaN is NaN
+            v.masked_fill_(~visible.view(visible.shape[0], 1, -1, 1), 0.0)
         note_scratch(k, v, s, p)  # one tile's decoded pages and scores
         o = torch.matmul(p, v)  # [n, H, G, Dv]
         del k, v, s  # before the next tile is decoded: scratch is one tile at a time
