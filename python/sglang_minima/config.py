@@ -17,6 +17,8 @@ CONFIG_ENV = "SGLANG_MINIMA_CONFIG"
 FLAG_PREFIX = "--minima-"
 
 HOT_DTYPES = ("fp8_e4m3", "auto")
+KEY_BITS = (3, 4)
+"""Key code widths of Stale pages (codec.layout.KEY_BITS_CHOICES; this module imports no torch)."""
 MAX_PAGES = 2**31 - 1
 """Largest page count a flag may give: page counts are compared with int32 page-table entries."""
 MAX_SEED = 2**63 - 1
@@ -66,6 +68,11 @@ class MinimaConfig:
     rotation_seed: int = _option(
         0, "Seed of the randomized Hadamard rotations (one per layer and KV head)."
     )
+    key_bits: int = _option(
+        3,
+        "Bits per key code of Stale (TQ3) pages: 3, or 4 (a 16-level codebook, +1 bit per key element; "
+        "values stay 3-bit). 4 runs on minima_native only: the GPU kernels read 3-bit keys.",
+    )
 
     def __post_init__(self) -> None:
         for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "rotation_seed"):
@@ -87,6 +94,10 @@ class MinimaConfig:
             raise ValueError(f"{flag_name('hot_dtype')} must be one of {HOT_DTYPES}, got {self.hot_dtype!r}")
         if not 0.0 <= self.score_ewma < 1.0:
             raise ValueError(f"{flag_name('score_ewma')} must be in [0, 1), got {self.score_ewma}")
+        if type(self.key_bits) is not int or self.key_bits not in KEY_BITS:
+            raise ValueError(
+                f"{flag_name('key_bits')} must be one of {', '.join(map(str, KEY_BITS))}, got {self.key_bits!r}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -115,7 +126,7 @@ def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag_name(f.name), dest=dest, action="store_true", help=doc)
         else:
             py_type = {"int": int, "float": float, "str": str}[str(f.type)]
-            choices = HOT_DTYPES if f.name == "hot_dtype" else None
+            choices = {"hot_dtype": HOT_DTYPES, "key_bits": KEY_BITS}.get(f.name)
             group.add_argument(
                 flag_name(f.name), dest=dest, type=py_type, default=f.default, choices=choices,
                 help=f"{doc} (default: {f.default})",

@@ -7,7 +7,7 @@ Unless the user chose otherwise, Minima's attention and radix-cache backends are
 default model (SmolLM2-135M-Instruct) is served. The attention backend is ``minima`` on CUDA (decode
 through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
-``--minima-attention-score-anchors``) selects ``minima_native``, and is refused with
+``--minima-attention-score-anchors``; 4-bit Stale keys: ``--minima-key-bits 4``) selects ``minima_native``, and is refused with
 ``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
 inside the graph); extend batches are planned on the host, so prefill graphs are off, and so are
 decode graphs on ``minima_native``.
@@ -172,6 +172,8 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append(f"--minima-hot-dtype {config.hot_dtype} (the kernels read FP8 hot pages)")
     if config.attention_score_anchors:
         limits.append("--minima-attention-score-anchors (the kernels collect no page scores)")
+    if config.key_bits != 3:
+        limits.append(f"--minima-key-bits {config.key_bits} (the kernels read 3-bit keys)")
     return limits
 
 

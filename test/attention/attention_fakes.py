@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import torch
 from sglang.srt.layers.radix_attention import AttentionType
 
-from sglang_minima.codec.codebook import Codebook, tq3_codebook
+from sglang_minima.codec.codebook import Codebook, key_codebook
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
@@ -45,6 +45,7 @@ class FakeMinimaPool:
     rotation_seed: int = 0
     score_anchors: bool = False
     start_layer: int = 0
+    key_bits: int = 3
     layout: TQ3PageLayout = field(init=False)
     page_table: FakePageTable = field(init=False)
     codebook: Codebook = field(init=False)
@@ -55,13 +56,13 @@ class FakeMinimaPool:
 
     def __post_init__(self) -> None:
         h, d, ps = self.num_kv_heads, self.head_dim, self.page_size
-        self.layout = TQ3PageLayout(h, ps, d)
-        self.minima_config = MinimaConfig(attention_score_anchors=self.score_anchors)
+        self.layout = TQ3PageLayout(h, ps, d, self.key_bits)
+        self.minima_config = MinimaConfig(attention_score_anchors=self.score_anchors, key_bits=self.key_bits)
         self.page_table = FakePageTable(
             torch.zeros(self.num_logical_pages, dtype=torch.int8),
             torch.zeros(self.num_logical_pages, dtype=torch.int32),
         )
-        self.codebook = tq3_codebook(d)
+        self.codebook = key_codebook(d, self.key_bits)
         store = torch.uint8 if self.is_fp8 else self.hot_dtype
         rows = (self.num_hot_pages + 1) * ps
         self._hot_k = [torch.zeros(rows, h, d, dtype=store) for _ in range(self.num_layers)]

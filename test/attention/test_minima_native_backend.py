@@ -56,10 +56,10 @@ class Harness:
         self._gen = torch.Generator().manual_seed(0)
 
     @classmethod
-    def fake(cls, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False) -> Harness:
+    def fake(cls, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, key_bits: int = 3) -> Harness:
         pool = FakeMinimaPool(
             num_layers=LAYERS, num_kv_heads=HKV, head_dim=D, page_size=PS, num_logical_pages=64,
-            num_hot_pages=40, num_tq3_pages=40, score_anchors=score_anchors,
+            num_hot_pages=40, num_tq3_pages=40, score_anchors=score_anchors, key_bits=key_bits,
             hot_dtype=torch.float32 if hot_dtype == "auto" else hot_dtype,
         )
         # Logical pages handed out in a scrambled order, so logical and physical ids differ.
@@ -74,11 +74,12 @@ class Harness:
 
     @classmethod
     def real(cls, monkeypatch, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, device: str = "cpu",
-             hybrid_layer_ids: tuple[int, ...] | None = None) -> Harness:
+             hybrid_layer_ids: tuple[int, ...] | None = None, key_bits: int = 3) -> Harness:
         """MinimaKVPool and MinimaPagedAllocator, the classes the server runs, on ``device``; with
         ``hybrid_layer_ids``, inside SGLang's HybridLinearKVPool as a linear-attention model builds it
         (the full-attention layers ``hybrid_layer_ids`` of the model, densely indexed in the pool)."""
-        config = MinimaConfig(hot_dtype=hot_dtype, attention_score_anchors=score_anchors, fp8_page_fraction=0.6)
+        config = MinimaConfig(hot_dtype=hot_dtype, attention_score_anchors=score_anchors, fp8_page_fraction=0.6,
+                              key_bits=key_bits)
         monkeypatch.setenv(CONFIG_ENV, config.to_json())
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
         size = 64 * PS
@@ -181,8 +182,10 @@ def make_harness(request, monkeypatch) -> Callable[..., Harness]:
     return lambda **kw: Harness.real(monkeypatch, device=device, **kw)
 
 
-def test_decode_over_mixed_formats_gqa(make_harness):
-    h = make_harness()
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_decode_over_mixed_formats_gqa(make_harness, key_bits):
+    h = make_harness(key_bits=key_bits)
+    assert h.pool.layout.key_bits == key_bits
     h.step({1: 3 * PS + 1, 2: 5 * PS + 2}, ForwardMode.EXTEND)
     h.retier_prefix(1, 2, skip_first=1)  # pages 1-2 of row 1 stale, sink page 0 stays hot
     h.retier_prefix(2, 4)
@@ -207,8 +210,9 @@ def test_hybrid_model_pool_holds_only_full_attention_layers(monkeypatch, device)
     assert h.pool.stats.route_tq3_pages == 2 + 2
 
 
-def test_chunked_prefill_reads_stale_pages_of_earlier_chunks(make_harness):
-    h = make_harness()
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_chunked_prefill_reads_stale_pages_of_earlier_chunks(make_harness, key_bits):
+    h = make_harness(key_bits=key_bits)
     h.step({0: 2 * PS + 2}, ForwardMode.EXTEND)  # chunk 1
     h.retier_prefix(0, 2)  # both full pages of chunk 1 become TQ3
     assert [int(h.pool.page_table.fmt[lp]) for lp in h.pages_of(0)] == [FMT_TQ3, FMT_TQ3, FMT_HOT]

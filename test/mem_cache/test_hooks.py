@@ -89,12 +89,15 @@ def test_fused_rope_kv_write_is_off_only_when_selected(monkeypatch):
     assert callable(model_utils.enable_fused_set_kv_buffer)  # the hooked target exists in SGLang 0.5.23
 
 
-def test_cell_size_is_the_blended_bytes_per_token(monkeypatch):
-    config = MinimaConfig(fp8_page_fraction=0.25)
-    tq3_page = TQ3PageLayout(3, 64, 64).page_bytes
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_cell_size_is_the_blended_bytes_per_token(monkeypatch, key_bits):
+    config = MinimaConfig(fp8_page_fraction=0.25, key_bits=key_bits)
+    tq3_page = TQ3PageLayout(3, 64, 64, key_bits).page_bytes
     expected = 30 * (0.25 * 2 * 3 * 64 + 0.75 * tq3_page / 64)
     cell = minima_cell_size(config, num_kv_heads=3, head_dim=64, num_layers=30, page_size=64, model_dtype_bytes=2)
     assert cell == int(expected) + (expected % 1 > 0)
+    # TQ3 bytes per token of the 3 heads: 3 * 54 (3-bit keys), 3 * 62 (4-bit keys)
+    assert cell == {3: 30 * (96 + 0.75 * 162), 4: 30 * (96 + 0.75 * 186)}[key_bits]
     assert minima_cell_size(
         MinimaConfig(hot_dtype="auto", disable_stale=True),
         num_kv_heads=3, head_dim=64, num_layers=30, page_size=64, model_dtype_bytes=2,
@@ -111,14 +114,17 @@ def test_cell_size_is_the_blended_bytes_per_token(monkeypatch):
     assert cell_size_hook(sglang_cell, None, kvc, 30) == cell
 
 
-def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch):
-    config = MinimaConfig(fp8_page_fraction=0.25)
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch, key_bits):
+    config = MinimaConfig(fp8_page_fraction=0.25, key_bits=key_bits)
     _select(monkeypatch, config)
     pages, layers = 64, 3
     pool = MinimaKVPool(pages * 64, page_size=64, dtype=torch.bfloat16, head_num=3, head_dim=64, layer_num=layers,
                         device="cpu", enable_memory_saver=False)
+    assert pool.layout.key_bits == key_bits and pool.codebook.levels == 1 << key_bits
+    assert pool.tq3_buffer(0).shape[1] == TQ3PageLayout(3, 64, 64, key_bits).page_bytes
     cell = minima_cell_size(config, num_kv_heads=3, head_dim=64, num_layers=layers, page_size=64, model_dtype_bytes=2)
-    padding = 64 * (2 * 3 * 64 + TQ3PageLayout(3, 64, 64).page_bytes / 64) * layers  # one padding page each
+    padding = 64 * (2 * 3 * 64 + TQ3PageLayout(3, 64, 64, key_bits).page_bytes / 64) * layers  # one padding page each
     shortfall = cell * pages * 64 - (sum(pool.get_kv_size_bytes()) - padding)
     # ceil() gives under a byte per token; round() of the FP8 page count under half a page.
     assert 0 <= shortfall <= pages * 64 + layers * 64 * 2 * 3 * 64 / 2

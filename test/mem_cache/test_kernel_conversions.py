@@ -154,3 +154,20 @@ def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeyp
     assert (kern.hot_pool.num_free, kern.tq3_pool.num_free) == (hot_free, tq3_free)  # dst pages back, unread
     monkeypatch.setattr(kern.kernels.kernels, "fp8_to_tq3", real)
     assert kern.retier(pages) == 4  # the next batch converts them
+
+
+def test_four_bit_keys_are_converted_by_the_torch_codec(monkeypatch, caplog):
+    """The kernels write 3-bit keys: a store with 4-bit keys never uses them, even where they would
+    apply (CUDA, FP8 hot pages, power-of-two head dim), and KernelConversions refuses it by name."""
+    monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
+    shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
+                       head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4)
+    cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
+    with caplog.at_level("INFO", logger=kernel_conversions.__name__):
+        assert kernel_conversions.kernel_conversions(cuda_like) is None
+    assert "--minima-key-bits 4" in caplog.text
+    with pytest.raises(ValueError, match=r"write 3-bit keys.*--minima-key-bits 4.*torch codec"):
+        kernel_conversions.KernelConversions(cuda_like)
+    three_bit = types.SimpleNamespace(shape=StoreShape(**{**shape.__dict__, "key_bits": 3}), device=torch.device("cuda"),
+                                      is_fp8=True, k_scales=[1.0], v_scales=[1.0])
+    assert kernel_conversions.kernel_conversions(three_bit) is not None  # the same store with 3-bit keys: kernels

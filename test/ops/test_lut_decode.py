@@ -7,11 +7,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.fp8 import fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
-from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.codec.tq3 import decode_pages, encode_pages
+from sglang_minima.ops.dense import attend
 from sglang_minima.layers.attention.forward_plan import plan_forward
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.ops.batched_decode import (
@@ -28,7 +29,7 @@ from sglang_minima.ops.lut_decode import (
 K_SCALE, V_SCALE = 0.5, 0.25
 
 
-def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype=torch.uint8, layer=0):
+def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype=torch.uint8, layer=0, key_bits=3):
     """One layer's page table and hot + TQ3 buffers: request i on its own logical pages (in a shuffled
     physical order), each full page TQ3 with probability ``stale``; the partial last page stays hot."""
     g = torch.Generator().manual_seed(seed)
@@ -38,7 +39,7 @@ def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype
     fmt = torch.zeros(total + 1, dtype=torch.int8)
     phys = torch.zeros(total + 1, dtype=torch.int32)
     req_to_token = torch.zeros(len(kv_lens), max(pages) * ps, dtype=torch.int32)
-    layout, codebook = TQ3PageLayout(h, ps, d), tq3_codebook(d)
+    layout, codebook = TQ3PageLayout(h, ps, d, key_bits), key_codebook(d, key_bits)
     rotation = LayerRotation(h, d, layer, seed=3)
     fp8 = hot_dtype == torch.uint8
     hot_k = torch.zeros((total + 1) * ps, h, d, dtype=hot_dtype)
@@ -100,6 +101,37 @@ def test_matches_the_reference_batched_decode(kv_lens, stale, tile_pages, geomet
     q = torch.randn(len(kv_lens), hq, d, generator=torch.Generator().manual_seed(seed + 1)) * 2
     want, got = _both(*pool, q, tile_pages)
     _close(got, want)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    kv_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
+    stale=st.sampled_from([0.5, 1.0]),
+    tile_pages=st.sampled_from([1, 32]),
+    geometry=st.sampled_from([(16, 2, 6, 64), (32, 1, 3, 128), (16, 2, 4, 256)]),
+    seed=st.integers(0, 10_000),
+)
+def test_four_bit_keys_match_the_reference_batched_decode(kv_lens, stale, tile_pages, geometry, seed):
+    """4-bit Stale keys (one byte per pair, a 256-entry pair table) read as the codec decodes them."""
+    ps, h, hq, d = geometry
+    pool = _pool(kv_lens, stale, seed, ps, h, d, key_bits=4)
+    assert pool[4].key_bits == 4 and pool[5].levels == 16
+    q = torch.randn(len(kv_lens), hq, d, generator=torch.Generator().manual_seed(seed + 1)) * 2
+    want, got = _both(*pool, q, tile_pages)
+    _close(got, want)
+
+
+def test_four_bit_tq3_decode_equals_dense_attention_over_the_decoded_pages():
+    plan, _, _, tq3, layout, codebook, rotation, _ = _pool([96, 200, 64], 1.0, 3, 16, 2, 64, key_bits=4)
+    q_rot = torch.randn(3, 8, 64, generator=torch.Generator().manual_seed(4))
+    out, lse = lut_tq3_batch_decode(q_rot, plan.tq3, plan.kv_lens, tq3, layout, codebook, 64**-0.5, tile_pages=5)
+    for b in range(3):
+        entries = slice(int(plan.tq3.indptr[b]), int(plan.tq3.indptr[b + 1]))
+        k, v = decode_pages(tq3[plan.tq3.pages[entries].to(torch.int64)], layout, codebook)  # [n, H, P, D]
+        k, v = (x.transpose(1, 2).reshape(-1, 2, 64) for x in (k, v))
+        want_out, want_lse = attend(q_rot[b : b + 1], k, v, 64**-0.5)
+        torch.testing.assert_close(out[b : b + 1], want_out, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[b : b + 1], want_lse, atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("hot_dtype", [torch.bfloat16, torch.float32])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
@@ -45,8 +45,8 @@ def _hot_dense(kv: HotPagedKV):
     return kv.k_buffer[kv.slots].float(), kv.v_buffer[kv.slots].float()
 
 
-def _tq3(n_phys: int, page_ids: torch.Tensor, page_starts=None):
-    layout, rot, cb = TQ3PageLayout(H, PS, D), LayerRotation(H, D, layer_id=2), tq3_codebook(D)
+def _tq3(n_phys: int, page_ids: torch.Tensor, page_starts=None, key_bits: int = 3):
+    layout, rot, cb = TQ3PageLayout(H, PS, D, key_bits), LayerRotation(H, D, layer_id=2), key_codebook(D, key_bits)
     g = torch.Generator().manual_seed(2)
     k, v = torch.randn(n_phys, H, PS, D, generator=g) * 2, torch.randn(n_phys, H, PS, D, generator=g)
     return Tq3PagedKV(encode_pages(k, v, layout, rot, cb), page_ids, layout, cb, page_starts), rot
@@ -74,17 +74,19 @@ def test_hot_causal():
     _close(got, attend(q, *_hot_dense(kv), SM, causal_mask(qpos, torch.arange(40))))
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("tile", [1, 3, 16])
-def test_tq3_equals_dense_in_rotated_space(tile):
-    kv, rot = _tq3(10, torch.tensor([7, 2, 9, 0, 4]))
+def test_tq3_equals_dense_in_rotated_space(tile, key_bits):
+    kv, rot = _tq3(10, torch.tensor([7, 2, 9, 0, 4]), key_bits=key_bits)
     q_rot = rot.rotate(torch.randn(2, HQ, D))
     _close(tq3_paged_attention(q_rot, kv, SM, tile_pages=tile), attend(q_rot, *_tq3_dense_rot(kv), SM))
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("tile", [1, 3, 16])
-def test_tq3_flash_equals_dense_in_rotated_space(tile):
+def test_tq3_flash_equals_dense_in_rotated_space(tile, key_bits):
     # the prefill's path over the Stale pages before a prompt: no mask, the fused kernel per tile
-    kv, rot = _tq3(10, torch.tensor([7, 2, 9, 0, 4]))
+    kv, rot = _tq3(10, torch.tensor([7, 2, 9, 0, 4]), key_bits=key_bits)
     q_rot = rot.rotate(torch.randn(9, HQ, D))
     got = tq3_paged_attention(q_rot, kv, SM, tile_pages=tile, flash=True)
     _close(got, attend(q_rot, *_tq3_dense_rot(kv), SM))

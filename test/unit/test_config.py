@@ -36,6 +36,9 @@ def test_parse_builds_validated_config():
     (["--minima-hot-dtype", "int8"], "--minima-hot-dtype"),
     (["--minima-score-ewma", "1.0"], "--minima-score-ewma"),
     (["--minima-retier-batch-pages", "x"], "--minima-retier-batch-pages"),
+    (["--minima-key-bits", "5"], "--minima-key-bits"),
+    (["--minima-key-bits", "2"], "--minima-key-bits"),
+    (["--minima-key-bits", "four"], "--minima-key-bits"),
 ])
 def test_bad_values_name_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -56,3 +59,12 @@ def test_unknown_environment_key_is_rejected(monkeypatch):
     monkeypatch.setenv(CONFIG_ENV, '{"recent_pages": 2, "bogus": 1}')
     with pytest.raises(ValueError, match="bogus"):
         get_active_config()
+
+
+def test_key_bits_flag():
+    assert MinimaConfig().key_bits == 3  # TQ3 keys until a served measurement says otherwise
+    assert parse_minima_argv(["--minima-key-bits", "4"]).key_bits == 4
+    assert parse_minima_argv(["--minima-key-bits=3"]).key_bits == 3
+    for bad in (5, 0, 3.0, True):  # the environment's JSON path: the same check, naming the flag
+        with pytest.raises(ValueError, match=r"--minima-key-bits must be one of 3, 4, got"):
+            MinimaConfig(key_bits=bad)

@@ -1,7 +1,7 @@
 """FP8 and TQ3 page formats: rotation, codebook, pack/unpack, byte accounting. No sglang import."""
 
 from .accounting import PageBytes, bytes_per_token_table, fp8_bits, fp8_bytes, tq3_bits, tq3_bytes
-from .codebook import Codebook, tq3_codebook
+from .codebook import Codebook, key_codebook, tq3_codebook
 from .fp8 import FP8_DTYPE, fp8_dequantize, fp8_quantize, fp8_requantize
 from .layout import LSE_BASE, TQ3PageLayout, fp8_page_bytes
 from .packing import pack_codes, unpack_codes
@@ -39,6 +39,7 @@ __all__ = [
     "fp8_quantize",
     "fp8_requantize",
     "fwht",
+    "key_codebook",
     "page_fields",
     "pack_codes",
     "quantize_keys",

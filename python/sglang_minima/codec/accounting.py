@@ -57,26 +57,28 @@ def fp8_bits(head_dim: int) -> BitsPerElement:
     return BitsPerElement(8.0 * FP8_BYTES, 8.0 * FP8_BYTES)
 
 
-def tq3_bits(head_dim: int) -> BitsPerElement:
-    """Keys 3 + 16/d, values 3 + 32/d (metadata included, page padding excluded)."""
+def tq3_bits(head_dim: int, key_bits: int = TQ3_BITS) -> BitsPerElement:
+    """Keys key_bits + 16/d (3 or 4), values 3 + 32/d (metadata included, page padding excluded)."""
     meta_bits = 8 * META_DTYPE_BYTES
     return BitsPerElement(
-        TQ3_BITS + K_META_FIELDS * meta_bits / head_dim,
+        key_bits + K_META_FIELDS * meta_bits / head_dim,
         TQ3_BITS + V_META_FIELDS * meta_bits / head_dim,
     )
 
 
 def bytes_per_token_table(
-    head_dims: tuple[int, ...] = (64, 128, 256), num_kv_heads: int = 1, page_size: int = 64
+    head_dims: tuple[int, ...] = (64, 128, 256), num_kv_heads: int = 1, page_size: int = 64, key_bits: int = TQ3_BITS
 ) -> list[dict[str, float | int]]:
-    """Per layer, per token: FP8 vs TQ3 bytes, payload and metadata separately, and the ratio."""
+    """Per layer, per token: FP8 vs TQ3 bytes (keys of ``key_bits`` bits), payload and metadata
+    separately, and the ratio."""
     rows = []
     for d in head_dims:
         f = fp8_bytes(num_kv_heads, page_size, d)
-        t = tq3_bytes(TQ3PageLayout(num_kv_heads, page_size, d))
+        t = tq3_bytes(TQ3PageLayout(num_kv_heads, page_size, d, key_bits))
         rows.append(
             {
                 "head_dim": d,
+                "key_bits": key_bits,
                 "num_kv_heads": num_kv_heads,
                 "page_size": page_size,
                 "fp8_payload": f.payload / page_size,
@@ -86,8 +88,8 @@ def bytes_per_token_table(
                 "tq3_metadata": t.metadata / page_size,
                 "tq3_padding": t.padding / page_size,
                 "tq3_total": t.per_token,
-                "tq3_bits_k": tq3_bits(d).key,
-                "tq3_bits_v": tq3_bits(d).value,
+                "tq3_bits_k": tq3_bits(d, key_bits).key,
+                "tq3_bits_v": tq3_bits(d, key_bits).value,
                 "fp8_over_tq3": f.per_token / t.per_token,
             }
         )

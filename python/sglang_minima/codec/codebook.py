@@ -1,4 +1,4 @@
-"""3-bit Lloyd-Max codebooks for rotated key coordinates, derived in code.
+"""Lloyd-Max codebooks for rotated key coordinates (3-bit TQ3, or 4-bit keys), derived in code.
 
 After a random rotation, a key of norm n is n·u with u close to uniform on the sphere S^{d-1}; the
 codec quantizes x_i = sqrt(d)·u_i, whose exact density is
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layout import NUM_CODES
+from .layout import KEY_BITS_CHOICES, NUM_CODES, TQ3_BITS
 
 _GRID_POINTS = (1 << 18) + 1
 _GAUSS_HALF_WIDTH = 12.0  # tail mass beyond 12 sigma is ~1e-33: irrelevant at float64
@@ -30,10 +30,14 @@ _TOL = 1e-13
 class Codebook:
     """Centroids (ascending) and decision thresholds (midpoints) for one coordinate distribution."""
 
-    centroids: torch.Tensor  # fp32 [NUM_CODES]
-    thresholds: torch.Tensor  # fp32 [NUM_CODES - 1]
+    centroids: torch.Tensor  # fp32 [levels]: NUM_CODES (3-bit keys) or 16 (4-bit keys)
+    thresholds: torch.Tensor  # fp32 [levels - 1]
     head_dim: int | None  # None: the N(0, 1) limit
     mse: float  # expected squared error per coordinate (unit variance), float64
+
+    @property
+    def levels(self) -> int:
+        return self.centroids.numel()
 
     def to(self, device: torch.device | str) -> Codebook:
         return Codebook(self.centroids.to(device), self.thresholds.to(device), self.head_dim, self.mse)
@@ -91,6 +95,20 @@ def lloyd_max(head_dim: int | None, levels: int = NUM_CODES) -> tuple[torch.Tens
 @functools.cache
 def tq3_codebook(head_dim: int | None) -> Codebook:
     """The TQ3 key codebook for sqrt(d)·u_i (head_dim=d), or the Gaussian limit (None). Cached; CPU."""
-    c, mse = lloyd_max(head_dim)
+    return _sphere_codebook(head_dim, NUM_CODES)
+
+
+@functools.cache
+def key_codebook(head_dim: int | None, bits: int = TQ3_BITS) -> Codebook:
+    """The key codebook of a ``bits``-bit key code (``TQ3PageLayout.key_bits``): 3, ``tq3_codebook``
+    (the same object); 4, the 16-level Lloyd-Max code of the same density, built the same way
+    (centroids and midpoint thresholds in float64, rounded once to fp32). Cached; CPU."""
+    if bits not in KEY_BITS_CHOICES:
+        raise ValueError(f"key codes are {' or '.join(map(str, KEY_BITS_CHOICES))} bits wide, got bits={bits}")
+    return tq3_codebook(head_dim) if bits == TQ3_BITS else _sphere_codebook(head_dim, 1 << bits)
+
+
+def _sphere_codebook(head_dim: int | None, levels: int) -> Codebook:
+    c, mse = lloyd_max(head_dim, levels)
     t = 0.5 * (c[1:] + c[:-1])
     return Codebook(c.to(torch.float32), t.to(torch.float32), head_dim, mse)

@@ -1,19 +1,21 @@
 """TQ3P: the packed byte layout of one Stale (TQ3) page, defined once.
 
 The torch codec, the TileLang kernels and the byte accounting all import these constants,
-``TQ3PageLayout``, ``WORD_BITS``, ``pair_coords``, ``code_bit_index``, ``lane_word`` and ``triple_codes``;
+``TQ3PageLayout``, ``WORD_BITS``, ``pair_coords``, ``code_bit_index``, ``lane_word``, ``triple_codes`` and
+(4-bit keys) ``key4_bit_index``;
 docs/TQ3P.md describes the same layout in prose.
 
 One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one contiguous uint8 block:
 
-    offset 0                       k_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
-    + code_bytes                   v_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
-    + 2*code_bytes                 k_norm   fp16  [num_kv_heads, page_size]   key norm correction
-    + 2*code_bytes + meta          v_scale  fp16  [num_kv_heads, page_size]
-    + 2*code_bytes + 2*meta        v_zero   fp16  [num_kv_heads, page_size]
+    offset 0                       k_codes  [num_kv_heads] blocks of page_size*head_dim*key_bits/8 bytes
+    + kc                           v_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
+    + kc + vc                      k_norm   fp16  [num_kv_heads, page_size]   key norm correction
+    + kc + vc + meta               v_scale  fp16  [num_kv_heads, page_size]
+    + kc + vc + 2*meta             v_zero   fp16  [num_kv_heads, page_size]
 
-(code_bytes = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV head reads one
-contiguous run of codes per page.
+(kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV
+head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, the default) or 4 (keys
+with a 16-level codebook, ``--minima-key-bits 4``); values are always 3-bit.
 
 Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
 so that each lane of a warp copies its own words with coalesced vector copies and turns them into
@@ -33,6 +35,14 @@ fp16 operands with a few bit operations, without a decoded tile in shared memory
   code, then high code) at bits 0, 7, 13, 19, 26 (spare bits 6 / 25), the index into a 64-entry
   table of fp16x2 centroid pairs.
 
+4-bit keys (``key_bits=4``) keep the chunk / lane / pair order above (a lane's pair ``p`` is register
+``p % 4`` of block ``p // 4``, the same (token, dim)s: ``pair_coords``); only the packing of a lane
+stream differs. A pair is one byte, low code in bits 0..3 and high code in bits 4..7, so the byte is
+the index ``low | high << 4`` into a 256-entry table of fp16x2 centroid pairs; a lane stream is D/4
+bytes = D/16 little-endian uint32 words, word ``k`` holding pairs 4k .. 4k+3 (byte ``g`` = register
+``g`` of block ``k``: one word is one block's whole A operand). A chunk is 32 lane streams of D/4
+bytes (8*D bytes), lane after lane; no triples, no spare bits (``key4_bit_index``).
+
 LSE convention for every Minima attention op (torch and GPU): base 2, as FlashInfer returns it.
 """
 
@@ -42,6 +52,8 @@ from dataclasses import dataclass
 
 TQ3_BITS = 3
 NUM_CODES = 1 << TQ3_BITS
+KEY_BITS_CHOICES = (3, 4)  # key code widths a page may use (``TQ3PageLayout.key_bits``); values are TQ3_BITS
+PAIR_BITS_4 = 8  # 4-bit keys: one pair (low code, high code) per byte
 CHUNK_TOKENS = 16  # tokens per MMA tile (the M of the key GEMM, the K of the value GEMM)
 LANES = 32  # lane streams per chunk (one warp)
 PAIRS_PER_TRIPLE = 16  # code pairs (fp16x2 operands) per 96-bit triple
@@ -89,13 +101,21 @@ WORD_BITS = {
 
 @dataclass(frozen=True)
 class TQ3PageLayout:
-    """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim)."""
+    """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim, key_bits).
+
+    ``key_bits`` is the key code width, 3 (TQ3) or 4; values are 3-bit either way. With 4-bit keys
+    the key and value code blocks differ in size: ``k_code_bytes`` / ``v_code_bytes`` (and the
+    per-head, per-token forms) name each; ``code_bytes``, ``head_code_bytes``, ``code_bytes_per_token``
+    and ``lane_words`` are the 3-bit block's, shared by keys and values only when ``key_bits == 3``."""
 
     num_kv_heads: int
     page_size: int
     head_dim: int
+    key_bits: int = TQ3_BITS
 
     def __post_init__(self) -> None:
+        if self.key_bits not in KEY_BITS_CHOICES:
+            raise ValueError(f"TQ3 key codes are {' or '.join(map(str, KEY_BITS_CHOICES))} bits wide, got key_bits={self.key_bits}")
         if not head_dim_fits(self.head_dim):
             raise ValueError(
                 f"TQ3 needs head_dim to be a positive multiple of {HEAD_DIM_MULTIPLE}, got {self.head_dim}"
@@ -107,25 +127,77 @@ class TQ3PageLayout:
         if self.num_kv_heads <= 0:
             raise ValueError(f"TQ3 needs a positive num_kv_heads, got {self.num_kv_heads}")
 
+    def _shared_3bit(self, name: str) -> None:
+        if self.key_bits != TQ3_BITS:
+            raise ValueError(
+                f"TQ3PageLayout.{name} is the 3-bit code block's, which keys do not share with key_bits="
+                f"{self.key_bits}: use k_{name} / v_{name}"
+            )
+
     @property
     def code_bytes_per_token(self) -> int:
-        """Packed code bytes of one token of one head (K or V)."""
-        return self.head_dim * TQ3_BITS // 8
+        """Packed code bytes of one token of one head (K or V; 3-bit keys only)."""
+        self._shared_3bit("code_bytes_per_token")
+        return self.v_code_bytes_per_token
 
     @property
     def lane_words(self) -> int:
-        """uint32 words of one lane stream of one chunk (3*D/64: 3, 6, 12 for D = 64, 128, 256)."""
+        """uint32 words of one lane stream of one chunk (3*D/64: 3, 6, 12 for D = 64, 128, 256;
+        3-bit keys only)."""
+        self._shared_3bit("lane_words")
         return lane_words(self.head_dim)
 
     @property
     def head_code_bytes(self) -> int:
-        """Packed code bytes of one head of one page, K or V."""
-        return self.page_size * self.code_bytes_per_token
+        """Packed code bytes of one head of one page, K or V (3-bit keys only)."""
+        self._shared_3bit("head_code_bytes")
+        return self.v_head_code_bytes
 
     @property
     def code_bytes(self) -> int:
-        """Packed code bytes of one page, K or V."""
-        return self.num_kv_heads * self.page_size * self.code_bytes_per_token
+        """Packed code bytes of one page, K or V (3-bit keys only)."""
+        self._shared_3bit("code_bytes")
+        return self.v_code_bytes
+
+    @property
+    def k_code_bytes_per_token(self) -> int:
+        """Packed key code bytes of one token of one head: D*key_bits/8."""
+        return self.head_dim * self.key_bits // 8
+
+    @property
+    def v_code_bytes_per_token(self) -> int:
+        """Packed value code bytes of one token of one head: D*3/8."""
+        return self.head_dim * TQ3_BITS // 8
+
+    @property
+    def k_lane_words(self) -> int:
+        """uint32 words of one key lane stream of one chunk (key_bits*D/64)."""
+        return key_lane_words(self.head_dim, self.key_bits)
+
+    @property
+    def v_lane_words(self) -> int:
+        """uint32 words of one value lane stream of one chunk (3*D/64)."""
+        return lane_words(self.head_dim)
+
+    @property
+    def k_head_code_bytes(self) -> int:
+        """Packed key code bytes of one head of one page."""
+        return self.page_size * self.k_code_bytes_per_token
+
+    @property
+    def v_head_code_bytes(self) -> int:
+        """Packed value code bytes of one head of one page."""
+        return self.page_size * self.v_code_bytes_per_token
+
+    @property
+    def k_code_bytes(self) -> int:
+        """Packed key code bytes of one page (all heads)."""
+        return self.num_kv_heads * self.k_head_code_bytes
+
+    @property
+    def v_code_bytes(self) -> int:
+        """Packed value code bytes of one page (all heads)."""
+        return self.num_kv_heads * self.v_head_code_bytes
 
     @property
     def meta_bytes(self) -> int:
@@ -138,24 +210,24 @@ class TQ3PageLayout:
 
     @property
     def v_codes_offset(self) -> int:
-        return self.code_bytes
+        return self.k_code_bytes
 
     @property
     def k_norm_offset(self) -> int:
-        return 2 * self.code_bytes
+        return self.payload_bytes
 
     @property
     def v_scale_offset(self) -> int:
-        return 2 * self.code_bytes + self.meta_bytes
+        return self.payload_bytes + self.meta_bytes
 
     @property
     def v_zero_offset(self) -> int:
-        return 2 * self.code_bytes + 2 * self.meta_bytes
+        return self.payload_bytes + 2 * self.meta_bytes
 
     @property
     def payload_bytes(self) -> int:
         """Code bytes of one page (K and V)."""
-        return 2 * self.code_bytes
+        return self.k_code_bytes + self.v_code_bytes
 
     @property
     def metadata_bytes(self) -> int:
@@ -178,6 +250,27 @@ def fp8_page_bytes(num_kv_heads: int, page_size: int, head_dim: int, v_head_dim:
 def lane_words(head_dim: int) -> int:
     """uint32 words of one lane stream of one chunk: D/4 pairs of 6 bits."""
     return head_dim * TQ3_BITS // 64
+
+
+def key_lane_words(head_dim: int, key_bits: int) -> int:
+    """uint32 words of one key lane stream of one chunk: D/4 pairs of 2*key_bits bits (3*D/64 or D/16)."""
+    return head_dim * key_bits // 64
+
+
+def key4_bit_index(token, dim, bit, head_dim: int):
+    """4-bit keys: bit index, inside one head's key code block of a page, of bit ``bit`` (0..3) of the
+    code of (``token``, ``dim``); byte ``i // 8``, bit ``i % 8``. The pair holding (token, dim) is
+    the MMA-order pair of ``code_bit_index`` (lane 4r + t, pair 4*block + register), stored as byte
+    ``(32*chunk + lane) * D/4 + pair`` of the block, the low code (even dim) in bits 0..3, the high
+    code (odd dim) in bits 4..7. Integer arithmetic only (// % * +), so ints, tensors and TileLang
+    expressions all index with it."""
+    chunk, tc = token // CHUNK_TOKENS, token % CHUNK_TOKENS
+    block, dd = dim // 16, dim % 16
+    r, t, half = tc % 8, (dd % 8) // 2, dd % 2
+    reg = tc // 8 + 2 * (dd // 8)
+    pair = 4 * block + reg
+    byte = (chunk * LANES + 4 * r + t) * (head_dim // 4) + pair
+    return byte * PAIR_BITS_4 + (PAIR_BITS_4 // 2) * half + bit
 
 
 def pair_coords(kind: str, lane: int, pair: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -1,4 +1,5 @@
-"""3-bit code packing of one head of one page, in the MMA order of layout.py ("Codes are stored...")."""
+"""Code packing of one head of one page, in the MMA order of layout.py ("Codes are stored..."): 3-bit
+codes (values; keys with ``key_bits=3``) in 96-bit triples, 4-bit keys one pair per byte."""
 
 from __future__ import annotations
 
@@ -16,78 +17,92 @@ from .layout import (
     WORD_BITS,
     TQ3PageLayout,
     code_bit_index,
+    key4_bit_index,
 )
 
 
 @lru_cache(maxsize=32)
-def _bit_index(kind: str, page_size: int, head_dim: int, device: torch.device) -> torch.Tensor:
-    """int64 [P, D, 3] on ``device``: the bit of a head's code block that holds each code bit
-    (layout.code_bit_index). Cached per device, so encoding on a GPU does not re-upload it."""
+def _bit_index(
+    kind: str, page_size: int, head_dim: int, device: torch.device, bits: int = TQ3_BITS
+) -> torch.Tensor:
+    """int64 [P, D, bits] on ``device``: the bit of a head's code block that holds each code bit
+    (layout.code_bit_index; 4-bit keys: layout.key4_bit_index). Cached per device, so encoding on a
+    GPU does not re-upload it."""
     token = torch.arange(page_size).view(-1, 1, 1)
     dim = torch.arange(head_dim).view(1, -1, 1)
-    bit = torch.arange(TQ3_BITS).view(1, 1, -1)
-    index = code_bit_index(kind, token, dim, bit, head_dim, where=torch.where)
-    return index.expand(page_size, head_dim, TQ3_BITS).contiguous().to(device)
+    bit = torch.arange(bits).view(1, 1, -1)
+    if bits == TQ3_BITS:
+        index = code_bit_index(kind, token, dim, bit, head_dim, where=torch.where)
+    else:
+        index = key4_bit_index(token, dim, bit, head_dim)
+    return index.expand(page_size, head_dim, bits).contiguous().to(device)
 
 
-def _check(kind: str, page_size: int, head_dim: int, device: torch.device) -> torch.Tensor:
+def _check(kind: str, page_size: int, head_dim: int, device: torch.device, bits: int = TQ3_BITS) -> torch.Tensor:
     if kind not in (KEY, VALUE):
         raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
-    TQ3PageLayout(1, page_size, head_dim)  # validates the page geometry
-    return _bit_index(kind, page_size, head_dim, device)
+    TQ3PageLayout(1, page_size, head_dim, key_bits=bits)  # validates the page geometry and the width
+    if kind == VALUE and bits != TQ3_BITS:
+        raise ValueError(f"value codes are {TQ3_BITS} bits wide, got bits={bits}")
+    return _bit_index(kind, page_size, head_dim, device, bits)
 
 
-def pack_codes(codes: torch.Tensor, kind: str) -> torch.Tensor:
-    """uint8 codes in [0, 8) [..., P, D] (one head of one page) -> uint8 [..., P*D*3/8] in MMA order."""
+def pack_codes(codes: torch.Tensor, kind: str, bits: int = TQ3_BITS) -> torch.Tensor:
+    """uint8 codes in [0, 2**bits) [..., P, D] (one head of one page) -> uint8 [..., P*D*bits/8] in
+    MMA order. ``bits``: 3, or 4 for keys (``TQ3PageLayout.key_bits``)."""
     if codes.dtype != torch.uint8:
         raise TypeError(f"pack_codes expects uint8 codes, got dtype={codes.dtype}")
     if codes.dim() < 2:
         raise ValueError(f"pack_codes expects codes [..., page_size, head_dim], got shape {tuple(codes.shape)}")
     p, d = codes.shape[-2:]
-    index = _check(kind, p, d, codes.device)
-    if codes.numel() and int(codes.max()) >= NUM_CODES:
-        raise ValueError(f"pack_codes: codes must be < {NUM_CODES}, got max {int(codes.max())}")
+    index = _check(kind, p, d, codes.device, bits)
+    if codes.numel() and int(codes.max()) >= 1 << bits:
+        raise ValueError(f"pack_codes: {bits}-bit codes must be < {1 << bits}, got max {int(codes.max())}")
     lead = codes.shape[:-2]
-    bits = (codes.unsqueeze(-1) >> torch.arange(TQ3_BITS, device=codes.device, dtype=torch.uint8)) & 1
-    flat = torch.zeros(*lead, p * d * TQ3_BITS, dtype=torch.uint8, device=codes.device)
-    flat.index_copy_(-1, index.reshape(-1), bits.reshape(*lead, -1))
+    code_bits = (codes.unsqueeze(-1) >> torch.arange(bits, device=codes.device, dtype=torch.uint8)) & 1
+    flat = torch.zeros(*lead, p * d * bits, dtype=torch.uint8, device=codes.device)
+    flat.index_copy_(-1, index.reshape(-1), code_bits.reshape(*lead, -1))
     weights = (1 << torch.arange(8, device=codes.device, dtype=torch.int32)).view(1, 8)
     return (flat.view(*lead, -1, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
 
 
 @lru_cache(maxsize=32)
-def _code_reads(kind: str, page_size: int, head_dim: int, device: torch.device):
+def _code_reads(kind: str, page_size: int, head_dim: int, device: torch.device, bits: int = TQ3_BITS):
     """How to read each code of a head's block as 32-bit little-endian words: (word, shift) [P*D]
-    of its lowest bit, and, for the codes whose three bits are not adjacent in one word (the
-    spread pair of each triple), their flat positions with (word, shift) [3, n] of each bit."""
+    of its lowest bit, and, for the codes whose bits are not adjacent in one word (the spread pair
+    of each 3-bit triple; none for 4-bit keys), their flat positions with (word, shift) [bits, n] of
+    each bit."""
     if sys.byteorder != "little":
         raise RuntimeError("unpack_codes reads the code blocks as little-endian 32-bit words")
-    index = _bit_index(kind, page_size, head_dim, device).view(-1, TQ3_BITS)
+    index = _bit_index(kind, page_size, head_dim, device, bits).view(-1, bits)
     low = index[:, 0]
-    adjacent = (index[:, 1] == low + 1) & (index[:, 2] == low + 2) & (low // 32 == (low + 2) // 32)
+    steps = torch.arange(bits, device=index.device)
+    adjacent = (index == low.unsqueeze(1) + steps).all(1) & (low // 32 == (low + bits - 1) // 32)
     spread = torch.nonzero(~adjacent).flatten()
-    bits = index[spread].T  # [3, n]
-    return low // 32, (low % 32).to(torch.int32), spread, bits // 32, (bits % 32).to(torch.int32)
+    spread_bits = index[spread].T  # [bits, n]
+    return low // 32, (low % 32).to(torch.int32), spread, spread_bits // 32, (spread_bits % 32).to(torch.int32)
 
 
-def unpack_codes(packed: torch.Tensor, kind: str, page_size: int, head_dim: int) -> torch.Tensor:
-    """uint8 [..., P*D*3/8] -> uint8 codes [..., P, D] (inverse of pack_codes)."""
+def unpack_codes(packed: torch.Tensor, kind: str, page_size: int, head_dim: int, bits: int = TQ3_BITS) -> torch.Tensor:
+    """uint8 [..., P*D*bits/8] -> uint8 codes [..., P, D] (inverse of pack_codes)."""
     if packed.dtype != torch.uint8:
         raise TypeError(f"unpack_codes expects uint8 bytes, got dtype={packed.dtype}")
-    _check(kind, page_size, head_dim, packed.device)
-    nbytes = page_size * head_dim * TQ3_BITS // 8
+    _check(kind, page_size, head_dim, packed.device, bits)
+    nbytes = page_size * head_dim * bits // 8
     if packed.shape[-1] != nbytes:
         raise ValueError(
-            f"unpack_codes: page_size={page_size}, head_dim={head_dim} pack into {nbytes} bytes, "
-            f"got last dim {packed.shape[-1]}"
+            f"unpack_codes: page_size={page_size}, head_dim={head_dim} ({bits}-bit codes) pack into {nbytes} "
+            f"bytes, got last dim {packed.shape[-1]}"
         )
-    word, shift, spread, spread_word, spread_shift = _code_reads(kind, page_size, head_dim, packed.device)
+    word, shift, spread, spread_word, spread_shift = _code_reads(kind, page_size, head_dim, packed.device, bits)
     # Bit i of the block is bit i % 32 of little-endian word i // 32 (nbytes is a multiple of 4).
     words = packed.contiguous().view(torch.int32)
-    codes = (words[..., word] >> shift) & 7  # most codes: three adjacent bits of one word
+    codes = (words[..., word] >> shift) & ((1 << bits) - 1)  # most codes: adjacent bits of one word
     if spread.numel():
-        parts = [((words[..., spread_word[b]] >> spread_shift[b]) & 1) << b for b in range(TQ3_BITS)]
-        codes[..., spread] = parts[0] | parts[1] | parts[2]
+        spread_codes = torch.zeros_like(codes[..., spread])
+        for b in range(bits):
+            spread_codes |= ((words[..., spread_word[b]] >> spread_shift[b]) & 1) << b
+        codes[..., spread] = spread_codes
     return codes.to(torch.uint8).view(*packed.shape[:-1], page_size, head_dim)
 
 
@@ -176,17 +191,40 @@ def _key_field_reads(page_size: int, head_dim: int, device: torch.device, rows: 
     return (base + word).to(torch.int32).to(device), shift.to(device)
 
 
-def key_pair_fields(words: torch.Tensor, page_size: int, head_dim: int) -> torch.Tensor:
-    """int32 words [..., P*D*3/32] of key code blocks -> int32 [..., P*D/2]: for each token and
-    each dim pair (2j, 2j+1), the 6-bit field ``code(2j) | code(2j+1) << 3`` (the keys' pair, one
-    index into a 64-entry table of centroid pairs). Each triple gets one extra word holding the spare
-    pair's field, so every field is one shift and one mask of one word."""
+@lru_cache(maxsize=32)
+def _key4_byte_reads(page_size: int, head_dim: int, device: torch.device, rows: int) -> torch.Tensor:
+    """int32 [rows, P*D/2]: the byte of ``rows`` consecutive 4-bit key blocks holding each pair field
+    (token, dims 2j and 2j+1), in (token, j) order."""
+    index = _bit_index(KEY, page_size, head_dim, "cpu", 4).view(page_size, head_dim // 2, 2, 4)
+    byte = (index[:, :, 0, 0] // 8).flatten()
+    if not bool(torch.equal(index[:, :, 1, 0], index[:, :, 0, 0] + 4)):
+        raise AssertionError("packing: a 4-bit key pair is not one byte (low nibble, high nibble)")
+    base = torch.arange(rows, dtype=torch.int64).view(-1, 1) * (page_size * head_dim // 2)
+    return (base + byte).to(torch.int32).to(device)
+
+
+def key_pair_fields(words: torch.Tensor, page_size: int, head_dim: int, key_bits: int = TQ3_BITS) -> torch.Tensor:
+    """int32 words [..., P*D*key_bits/32] of key code blocks -> int32 [..., P*D/2]: for each token
+    and each dim pair (2j, 2j+1), the field ``code(2j) | code(2j+1) << key_bits`` (the keys' pair, one
+    index into a table of 2**(2*key_bits) centroid pairs). 3-bit keys: each triple gets one extra
+    word holding the spare pair's field, so every field is one shift and one mask of one word; 4-bit
+    keys: each field is one byte of the block, gathered in (token, dim) order."""
     if words.dtype != torch.int32:
         raise TypeError(f"key_pair_fields expects int32 words, got dtype={words.dtype}")
-    _check(KEY, page_size, head_dim, words.device)
+    _check(KEY, page_size, head_dim, words.device, key_bits)
     lead, n = words.shape[:-1], words.shape[-1]
-    if n != page_size * head_dim * TQ3_BITS // 32:
-        raise ValueError(f"key_pair_fields: page_size={page_size}, head_dim={head_dim} need {page_size * head_dim * TQ3_BITS // 32} words, got {n}")
+    if n != page_size * head_dim * key_bits // 32:
+        raise ValueError(
+            f"key_pair_fields: page_size={page_size}, head_dim={head_dim} need "
+            f"{page_size * head_dim * key_bits // 32} words of {key_bits}-bit keys, got {n}"
+        )
+    if key_bits != TQ3_BITS:
+        if sys.byteorder != "little":
+            raise RuntimeError("key_pair_fields reads the code blocks as little-endian 32-bit words")
+        blocks = words.reshape(-1, n).view(torch.uint8)  # [rows, P*D/2]: one byte per pair
+        reads = _key4_byte_reads(page_size, head_dim, words.device, _rows_bucket(blocks.shape[0]))
+        fields = blocks.reshape(-1).index_select(0, reads[: blocks.shape[0]].view(-1))
+        return fields.to(torch.int32).view(*lead, -1)
     s0, s1 = WORD_BITS[KEY].spare
     mask = _spread_mask(KEY)
     w = words.reshape(-1, n // TRIPLE_WORDS, TRIPLE_WORDS)

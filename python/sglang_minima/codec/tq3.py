@@ -1,7 +1,9 @@
 """TQ3 encode/decode: the torch reference that GPU kernels must match bit for bit.
 
 Keys (rotated k', per token): norm n, codes against the Lloyd-Max thresholds of sqrt(d)·k'/n, and
-an fp16 norm correction s = n / ||centroids[c]||, so k̂' = s·centroids[c] has norm n.
+an fp16 norm correction s = n / ||centroids[c]||, so k̂' = s·centroids[c] has norm n. The codes are
+3-bit (TQ3) or, with ``TQ3PageLayout.key_bits == 4``, 4-bit against the 16-level codebook
+(``codebook.key_codebook``); the recipe is the same.
 Values (rotated v', per token): fp16 zero = min, fp16 scale = (max - min)/7, uniform 3-bit codes.
 The exact arithmetic (order, rounding) is specified in docs/TQ3P.md; each step below is one IEEE
 fp32 operation so a kernel can replicate it. Decoded K/V stay in the rotated space: attention uses
@@ -17,7 +19,7 @@ import torch
 
 from .codebook import Codebook
 from .fp8 import Scale, fp8_dequantize
-from .layout import KEY, NUM_CODES, VALUE, TQ3PageLayout
+from .layout import KEY, VALUE, TQ3PageLayout
 from .packing import pack_codes, unpack_codes
 from .rotation import LayerRotation
 
@@ -83,7 +85,7 @@ def quantize_keys(k_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor
 
 def dequantize_keys(codes: torch.Tensor, correction: torch.Tensor, codebook: Codebook) -> torch.Tensor:
     """(codes [..., D], fp16 [...]) -> rotated keys fp32 [..., D]: s·centroids[c]."""
-    _check_codes(codes, NUM_CODES)
+    _check_codes(codes, codebook.levels)
     centroids = codebook.centroids.to(codes.device)
     return correction.to(torch.float32).unsqueeze(-1) * centroids[codes.long()]
 
@@ -127,7 +129,7 @@ def _check_codes(codes: torch.Tensor, levels: int) -> None:
 class TQ3PageFields:
     """Views into TQ3P pages [N, page_bytes] (no copies), heads-major as in layout.py."""
 
-    k_codes: torch.Tensor  # uint8 [N, H, P*D*3/8], MMA order (layout.py)
+    k_codes: torch.Tensor  # uint8 [N, H, P*D*key_bits/8], MMA order (layout.py)
     v_codes: torch.Tensor  # uint8 [N, H, P*D*3/8], MMA order
     k_norm: torch.Tensor  # fp16 [N, H, P]
     v_scale: torch.Tensor  # fp16 [N, H, P]
@@ -139,19 +141,27 @@ def page_fields(pages: torch.Tensor, layout: TQ3PageLayout) -> TQ3PageFields:
     _check_pages(pages, layout)
     n, h, p = pages.shape[0], layout.num_kv_heads, layout.page_size
 
-    def codes(off: int) -> torch.Tensor:
-        return pages[:, off : off + layout.code_bytes].view(n, h, layout.head_code_bytes)
+    def codes(off: int, head_bytes: int) -> torch.Tensor:
+        return pages[:, off : off + h * head_bytes].view(n, h, head_bytes)
 
     def meta(off: int) -> torch.Tensor:
         return pages[:, off : off + layout.meta_bytes].view(torch.float16).view(n, h, p)
 
     return TQ3PageFields(
-        codes(layout.k_codes_offset),
-        codes(layout.v_codes_offset),
+        codes(layout.k_codes_offset, layout.k_head_code_bytes),
+        codes(layout.v_codes_offset, layout.v_head_code_bytes),
         meta(layout.k_norm_offset),
         meta(layout.v_scale_offset),
         meta(layout.v_zero_offset),
     )
+
+
+def check_codebook(codebook: Codebook, layout: TQ3PageLayout, what: str) -> None:
+    if codebook.levels != 1 << layout.key_bits:
+        raise ValueError(
+            f"{what}: the layout's keys are {layout.key_bits}-bit ({1 << layout.key_bits} levels), the "
+            f"codebook has {codebook.levels} levels (codebook.key_codebook(head_dim, key_bits))"
+        )
 
 
 def _check_pages(pages: torch.Tensor, layout: TQ3PageLayout) -> None:
@@ -198,6 +208,7 @@ def encode_pages(
             f"encode_pages: rotation is for (H={rotation.num_kv_heads}, D={rotation.head_dim}), "
             f"layout is (H={layout.num_kv_heads}, D={layout.head_dim})"
         )
+    check_codebook(codebook, layout, "encode_pages")
     kf, vf = _as_float(k, k_scale, "k", layout), _as_float(v, v_scale, "v", layout)
     if kf.shape[0] != vf.shape[0]:
         raise ValueError(f"encode_pages: k has {kf.shape[0]} pages, v has {vf.shape[0]}")
@@ -205,7 +216,7 @@ def encode_pages(
     k_codes, k_norm = quantize_keys(rotation.rotate(kf, head_axis=-3), codebook)
     v_codes, v_scale16, v_zero16 = quantize_values(rotation.rotate(vf, head_axis=-3))
     parts = [
-        pack_codes(k_codes, KEY).reshape(n, -1),
+        pack_codes(k_codes, KEY, layout.key_bits).reshape(n, -1),
         pack_codes(v_codes, VALUE).reshape(n, -1),
         k_norm.reshape(n, -1).view(torch.uint8),
         v_scale16.reshape(n, -1).view(torch.uint8),
@@ -232,7 +243,9 @@ def decode_page_keys(pages: torch.Tensor, layout: TQ3PageLayout, codebook: Codeb
 
 
 def _keys_of(f: TQ3PageFields, layout: TQ3PageLayout, codebook: Codebook) -> torch.Tensor:
-    return dequantize_keys(unpack_codes(f.k_codes, KEY, layout.page_size, layout.head_dim), f.k_norm, codebook)
+    check_codebook(codebook, layout, "decode_pages")
+    codes = unpack_codes(f.k_codes, KEY, layout.page_size, layout.head_dim, layout.key_bits)
+    return dequantize_keys(codes, f.k_norm, codebook)
 
 
 def to_original_space(x_rot: torch.Tensor, rotation: LayerRotation) -> torch.Tensor:

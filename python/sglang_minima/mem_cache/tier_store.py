@@ -27,9 +27,9 @@ from typing import Callable
 
 import torch
 
-from sglang_minima.codec.codebook import Codebook, tq3_codebook
+from sglang_minima.codec.codebook import Codebook, key_codebook
 from sglang_minima.codec.fp8 import fp8_requantize
-from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout, head_dim_fits, page_size_fits
+from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3_BITS, TQ3PageLayout, head_dim_fits, page_size_fits
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
@@ -71,11 +71,11 @@ def minima_cell_size(
     config: MinimaConfig, *, num_kv_heads: int, head_dim: int, num_layers: int, page_size: int, model_dtype_bytes: int
 ) -> int:
     """Bytes per logical token, all layers, K+V, metadata and page padding included:
-    fraction * hot + (1 - fraction) * TQ3, rounded up. SGLang sizes the pool with this first, so an
+    fraction * hot + (1 - fraction) * TQ3 (keys of ``config.key_bits`` bits), rounded up. SGLang sizes the pool with this first, so an
     unsupported geometry is refused here, before any allocation."""
     check_geometry(page_size, head_dim)
     hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
-    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim).page_bytes / page_size
+    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim, config.key_bits).page_bytes / page_size
     fraction = 1.0 if config.disable_stale else config.fp8_page_fraction
     return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
@@ -92,6 +92,8 @@ class StoreShape:
     head_dim: int
     hot_dtype: torch.dtype
     """Logical dtype of hot pages: torch.float8_e4m3fn, or the model dtype."""
+    key_bits: int = TQ3_BITS
+    """Key code width of TQ3 pages (``--minima-key-bits``): 3, or 4 (torch codec and path only)."""
 
     def __post_init__(self) -> None:
         check_geometry(self.page_size, self.head_dim)
@@ -107,7 +109,7 @@ class StoreShape:
 
     @property
     def layout(self) -> TQ3PageLayout:
-        return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim)
+        return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim, self.key_bits)
 
 
 @dataclass
@@ -175,8 +177,9 @@ class TieredPageStore:
             LayerRotation(shape.num_kv_heads, shape.head_dim, first_layer_id + i, rotation_seed, self.device)
             for i in range(shape.num_layers)
         ]
-        self.codebook: Codebook = tq3_codebook(shape.head_dim).to(self.device)
-        # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes); else the torch codec.
+        self.codebook: Codebook = key_codebook(shape.head_dim, shape.key_bits).to(self.device)
+        # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes; 3-bit keys
+        # only); else the torch codec.
         self.kernels: KernelConversions | None = kernel_conversions(self) if conversion_kernels else None
         self.conversion_stream = conversion_stream if conversion_stream is not None else conversion_stream_for(self.device)
         self.pending: list[PendingConversion] = []  # launch order

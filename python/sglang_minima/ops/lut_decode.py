@@ -9,9 +9,10 @@ the reference spends its time on (profiled in docs/results/cpu_decode.md) and wh
   ``codec.packing.key_pair_fields`` / ``code_ints`` give a tile's codes in (token, dim) order with
   one 1-D gather of words, one shift and one mask over the whole tile (each triple gets one extra
   word for its spare pair, so every code is adjacent bits of one word).
-* key centroids: a key's pair of adjacent dims is one 6-bit field, so one 1-D gather of int64
-  elements from a 64-entry table of fp32 centroid pairs writes both dims; no per-element norm
-  multiply (the fp16 norm correction scales the scores, [tokens] instead of [tokens, D]).
+* key centroids: a key's pair of adjacent dims is one 6-bit field (4-bit keys: one byte), so one
+  1-D gather of int64 elements from a 64-entry (256-entry) table of fp32 centroid pairs writes both
+  dims; no per-element norm multiply (the fp16 norm correction scales the scores, [tokens] instead
+  of [tokens, D]).
 * values: ``scale * code + zero`` is never formed: the weights are multiplied by the scale, the
   codes are the GEMM operand, and the zero point adds ``sum(p * zero)`` to the output.
 * FP8 pages: the e4m3 table decode writes [page, head, token, dim] at once (no permuted copy for
@@ -31,8 +32,9 @@ import torch
 
 from ..codec.codebook import Codebook
 from ..codec.fp8 import Scale, fp8_dequantize
-from ..codec.layout import NUM_CODES, VALUE, TQ3PageLayout
+from ..codec.layout import VALUE, TQ3PageLayout
 from ..codec.packing import code_ints, key_pair_fields
+from ..codec.tq3 import check_codebook
 from ..codec.rotation import LayerRotation
 from .batched_decode import PageList, page_tiles, token_visibility
 from .dense import LOG2E
@@ -45,11 +47,13 @@ _WORD_BYTES = 4
 
 @lru_cache(maxsize=8)
 def _centroid_pairs(centroids: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    """int64 [64]: the fp32 pair (centroid[f & 7], centroid[f >> 3]) of each key pair field f, as one
-    8-byte element, so a 1-D gather of these writes two adjacent dims of a key at once."""
+    """int64 [L*L] (L = len(centroids): 8, or 16 for 4-bit keys): the fp32 pair (centroid[f % L],
+    centroid[f // L]) of each key pair field f, as one 8-byte element, so a 1-D gather of these writes
+    two adjacent dims of a key at once."""
     c = torch.tensor(centroids, dtype=torch.float32)
-    f = torch.arange(NUM_CODES * NUM_CODES)
-    return torch.stack([c[f % NUM_CODES], c[f // NUM_CODES]], dim=1).contiguous().view(torch.int64).view(-1).to(device)
+    levels = c.numel()
+    f = torch.arange(levels * levels)
+    return torch.stack([c[f % levels], c[f // levels]], dim=1).contiguous().view(torch.int64).view(-1).to(device)
 
 
 @lru_cache(maxsize=512)
@@ -173,10 +177,11 @@ def lut_tq3_batch_decode(
     b, hq, d = q_rot.shape
     h, ps, dev = layout.num_kv_heads, layout.page_size, q_rot.device
     g = hq // h
+    check_codebook(codebook, layout, "lut_tq3_batch_decode")
     pairs = _centroid_pairs(tuple(codebook.centroids.tolist()), dev)
     qs = q_rot.to(torch.float32).view(b, h, g, d) * (sm_scale * LOG2E)
     words = buffer.view(torch.int32)
-    code_words, meta = layout.code_bytes // _WORD_BYTES, h * ps
+    k_words, v_words, meta = layout.k_code_bytes // _WORD_BYTES, layout.v_code_bytes // _WORD_BYTES, h * ps
     k0, v0 = layout.k_codes_offset // _WORD_BYTES, layout.v_codes_offset // _WORD_BYTES
     out, lse = _empty(b, hq, d, dev)
     for req, span in page_tiles(tq3, tile_pages):
@@ -187,13 +192,13 @@ def lut_tq3_batch_decode(
             fp16[:, off // 2 : off // 2 + meta].view(n, h, 1, ps).to(torch.float32)
             for off in (layout.k_norm_offset, layout.v_scale_offset, layout.v_zero_offset)
         )
-        fields = key_pair_fields(pw[:, k0 : k0 + code_words].view(n, h, -1), ps, d)
+        fields = key_pair_fields(pw[:, k0 : k0 + k_words].view(n, h, -1), ps, d, layout.key_bits)
         k = pairs.index_select(0, fields.view(-1)).view(torch.float32).view(n * h, ps, d)
         s = torch.bmm(qs.index_select(0, req).view(n * h, g, d), k.transpose(1, 2)).view(n, h, g, ps)
         visible = _visibility(tq3.page_index[span], req, kv_lens, ps)
         p, m, denom = _segment_softmax(s * k_norm, req, visible, b)
         # values scale * code + zero: the scale folds into the weights, the zero into their sum
-        v = code_ints(pw[:, v0 : v0 + code_words].view(n, h, -1), VALUE, ps, d).to(torch.float32)
+        v = code_ints(pw[:, v0 : v0 + v_words].view(n, h, -1), VALUE, ps, d).to(torch.float32)
         w = p * v_scale
         o = torch.baddbmm(
             (p * v_zero).sum(-1).view(n * h, g, 1), w.view(n * h, g, ps), v.view(n * h, ps, d)

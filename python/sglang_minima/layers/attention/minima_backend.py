@@ -38,6 +38,7 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+from sglang_minima.codec.layout import TQ3_BITS
 from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend, to_device
 from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
 from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_batch
@@ -65,6 +66,11 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         if pool.hot_k_buffer(pool.start_layer).dtype != torch.uint8:
             raise ValueError(
                 "--attention-backend minima reads FP8 hot pages; with --minima-hot-dtype auto use minima_native"
+            )
+        if pool.layout.key_bits != TQ3_BITS:
+            raise ValueError(
+                f"--attention-backend minima reads {TQ3_BITS}-bit Stale keys; with --minima-key-bits "
+                f"{pool.layout.key_bits} use minima_native"
             )
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._wrapper = None  # built at the first decode layer: its head counts, dtype and scale are the layer's
