@@ -22,6 +22,7 @@ Arms (``--arms``):
   minima             Minima defaults (Recent 4 pages, 1 sink page, Stale TQ3).
   minima-aggressive  Minima with one Recent page, one sink page, no Anchor budget.
   minima-defer       Minima defaults plus ``--minima-defer-prefill-conversion``.
+  minima-k4          Minima defaults plus ``--minima-key-bits 4`` (4-bit Stale keys; minima_native on CUDA).
 
 Usage:
   python benchmark/quality/niah.py --out docs/results/quality_cpu --smoke
@@ -85,6 +86,7 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("minima-aggressive", "sglang_minima.launch_server",
                 ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
         ArmSpec("minima-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
+        ArmSpec("minima-k4", "sglang_minima.launch_server", ("--minima-key-bits", "4")),
     )
 }
 
