@@ -128,6 +128,17 @@ def minima_stats(url: str) -> dict[str, int] | None:
     return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"])}
 
 
+def launch_arm(run: Run, args: argparse.Namespace):
+    """The server of ``run``'s arm and chunk size, its log at OUT/logs/<arm>@<chunk>.log."""
+    from minima_test_support.server import launch
+
+    spec = ARMS[run.arm]
+    log = args.out / "logs" / f"{run.label}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return launch(server_flags(spec, args, run.chunk), log, module=spec.module, port=args.port,
+                  env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+
+
 def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url: str | None) -> None:
     """Answer the examples of ``run`` not yet in its JSONL, appending each as it comes."""
     path = args.out / "answers" / f"{run.label}.jsonl"
@@ -139,13 +150,7 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
         return
     server = None
     if url is None:
-        from minima_test_support.server import launch
-
-        spec = ARMS[run.arm]
-        log = args.out / "logs" / f"{run.label}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        server = launch(server_flags(spec, args, run.chunk), log, module=spec.module, port=args.port,
-                        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        server = launch_arm(run, args)
         url = server.url
     try:
         prev = minima_stats(url)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -59,13 +58,7 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
     todo = [i for i in range(len(windows)) if i not in done]
     if not todo:
         return
-    from minima_test_support.server import launch
-
-    spec = niah.ARMS[run.arm]
-    log = args.out / "logs" / f"{run.label}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    server = launch(niah.server_flags(spec, args, run.chunk), log, module=spec.module, port=args.port,
-                    env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    server = niah.launch_arm(run, args)
     try:
         prev = niah.minima_stats(server.url)
         with path.open("a") as f:

@@ -26,7 +26,6 @@ Usage: python benchmark/quality/stale_probe.py --tasks niah_single_2,niah_multik
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import sys
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
 
-from sglang_minima.codec.codebook import lloyd_max, tq3_codebook  # noqa: E402
+from sglang_minima.codec.codebook import key_codebook, tq3_codebook  # noqa: E402
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize  # noqa: E402
 from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
@@ -84,13 +83,6 @@ class KVState:
     ops_max_abs: float = 0.0
     ops_max_rel: float = 0.0
     ops_calls: int = 0
-
-
-@functools.cache
-def sphere_codebook(head_dim: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 (centroids, thresholds) of the ``bits``-bit Lloyd-Max code for sqrt(d)·u_i."""
-    c, _ = lloyd_max(head_dim, 1 << bits)
-    return c.to(torch.float32), (0.5 * (c[1:] + c[:-1])).to(torch.float32)
 
 
 class MinimaEmulation:
@@ -139,7 +131,8 @@ class MinimaEmulation:
 
     def _finer_keys(self, k_rot: torch.Tensor, bits: int) -> torch.Tensor:
         """Rotated keys through a ``bits``-bit version of TQ3's key code (``quantize_keys``'s steps)."""
-        centroids, thresholds = (x.to(k_rot.device) for x in sphere_codebook(self.head_dim, bits))
+        book = key_codebook(self.head_dim, bits).to(k_rot.device)
+        centroids, thresholds = book.centroids, book.thresholds
         norm = k_rot.norm(dim=-1, keepdim=True)
         u = k_rot * (self.head_dim**0.5 / norm.clamp_min(1e-30))
         q = centroids[torch.bucketize(u, thresholds)]

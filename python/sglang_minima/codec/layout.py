@@ -172,7 +172,7 @@ class TQ3PageLayout:
     @property
     def k_lane_words(self) -> int:
         """uint32 words of one key lane stream of one chunk (key_bits*D/64)."""
-        return key_lane_words(self.head_dim, self.key_bits)
+        return lane_words(self.head_dim, self.key_bits)
 
     @property
     def v_lane_words(self) -> int:
@@ -247,14 +247,9 @@ def fp8_page_bytes(num_kv_heads: int, page_size: int, head_dim: int, v_head_dim:
     return num_kv_heads * page_size * (head_dim + v_head_dim) * FP8_BYTES
 
 
-def lane_words(head_dim: int) -> int:
-    """uint32 words of one lane stream of one chunk: D/4 pairs of 6 bits."""
-    return head_dim * TQ3_BITS // 64
-
-
-def key_lane_words(head_dim: int, key_bits: int) -> int:
-    """uint32 words of one key lane stream of one chunk: D/4 pairs of 2*key_bits bits (3*D/64 or D/16)."""
-    return head_dim * key_bits // 64
+def lane_words(head_dim: int, bits: int = TQ3_BITS) -> int:
+    """uint32 words of one lane stream of one chunk: D/4 pairs of 2*bits bits (3*D/64; 4-bit keys: D/16)."""
+    return head_dim * bits // 64
 
 
 def key4_bit_index(token, dim, bit, head_dim: int):
