@@ -1,15 +1,20 @@
 """RULER NIAH over HTTP: Minima's KV arms against SGLang's own BF16 and FP8 KV, on the same examples.
 
 For each run (an arm at one ``--chunked-prefill-size``) the script starts the server (or uses a URL
-given with ``--url ARM=URL``), sends every example greedily over ``/generate`` one at a time,
-flushing the radix cache before each (so an example never reads another example's cached pages
-and every answer is independent of order), and reads Minima's route counters from
-``/server_info`` (``internal_states[0].minima.stats``) after each example: the page mix that
-example actually attended. A Minima cell whose examples never read a TQ3 page is marked: it says
-nothing about TQ3.
+given with ``--url ARM=URL``) and sends the examples greedily over ``/generate`` in groups of
+``--concurrency`` examples of one task and length, all of a group at once. Each request carries its
+example's key as SGLang's ``extra_key``, which namespaces the radix tree: an example never reads
+another example's cached pages (RULER's haystacks share long prefixes), so its answer does not depend
+on what ran before it or beside it, and the radix cache is flushed before each group. Minima's route
+counters are read from ``/server_info`` (``internal_states[0].minima.stats``) around each group: the
+page mix the group actually attended (with ``--concurrency 1``, each example's). A Minima cell whose
+examples never read a TQ3 page is marked: it says nothing about TQ3.
 
-Resumable: answers are appended to ``OUT/answers/<arm>@<chunk>.jsonl`` as they come; a rerun skips
-the examples already answered (a run with nothing left to do is not even launched). Then the
+Resumable: answers are appended to ``OUT/answers/<arm>@<chunk>.jsonl`` group by group, groups in
+index-major order (a run stopped early, e.g. by ``--time-budget-s``, has covered every task and length
+evenly); a rerun skips the examples already answered (a run with nothing left to do is not even
+launched). Several processes may answer different arms into one OUT side by side (``--port``); then
+``--report-only`` over all of them. Then the
 report: RULER's string_match_all per task and length, paired differences against the reference
 arm (``--reference``, FP8 by default) with bootstrap 95% intervals over examples, macro scores,
 and the page mix; written as ``OUT/niah.json``, ``OUT/niah.md`` and ``OUT/niah.png``.
@@ -26,7 +31,7 @@ Arms (``--arms``):
 
 Usage:
   python benchmark/quality/niah.py --out docs/results/quality_cpu --smoke
-  python benchmark/quality/niah.py --device cuda --lengths 1024,2048,4096,8192 --n 64 \\
+  python benchmark/quality/niah.py --device cuda --lengths 1024,2048,4096,8192 --n 64 --concurrency 32 \\
       --chunked-prefill-sizes default,256 --out docs/results/quality_h200
   python benchmark/quality/niah.py --report-only --out docs/results/quality_cpu
 """
@@ -37,8 +42,10 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -107,8 +114,8 @@ class Run:
 
 def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[str]:
     flags = ["--model-path", str(args.model_path), "--dtype", args.dtype, "--page-size", str(args.page_size),
-             "--max-total-tokens", str(args.max_total_tokens), "--max-running-requests", "4",
-             "--random-seed", "0"]
+             "--max-total-tokens", str(args.max_total_tokens),
+             "--max-running-requests", str(max(4, args.concurrency)), "--random-seed", "0"]
     if args.device == "cpu":
         flags += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled",
                   "--cuda-graph-backend-prefill", "disabled"]
@@ -116,7 +123,7 @@ def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[st
             flags += ["--attention-backend", "torch_native"]
     if chunk != "default":
         flags += ["--chunked-prefill-size", chunk]
-    return flags + list(spec.flags)
+    return flags + list(spec.flags) + shlex.split(args.server_args)
 
 
 def minima_stats(url: str) -> dict[str, int] | None:
@@ -139,43 +146,65 @@ def launch_arm(run: Run, args: argparse.Namespace):
                   env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
+def groups_of(todo: list[Example], size: int) -> list[list[Example]]:
+    """``todo`` in groups of at most ``size`` examples of one task and length, index-major: the first
+    ``size`` indices of every cell, then the next ones (a run stopped early has covered every cell)."""
+    cells: dict[tuple[str, int], list[Example]] = {}
+    for ex in sorted(todo, key=lambda ex: ex.index):
+        cells.setdefault((ex.task, ex.length), []).append(ex)
+    groups = [(rank, cell, exs[i:i + size]) for cell, exs in cells.items()
+              for rank, i in enumerate(range(0, len(exs), size))]
+    return [g for _, _, g in sorted(groups, key=lambda g: (g[0], g[1][1], list(TASKS).index(g[1][0])))]
+
+
+def generate_one(url: str, ex: Example, max_new_tokens: int) -> tuple[dict, float]:
+    t0 = time.time()
+    r = requests.post(url + "/generate", timeout=3600, json={
+        "text": ex.prompt,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
+        "extra_key": ex.key,  # its own radix namespace: no example reads another's cached pages
+    })
+    r.raise_for_status()
+    return r.json(), time.time() - t0
+
+
 def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url: str | None) -> None:
-    """Answer the examples of ``run`` not yet in its JSONL, appending each as it comes."""
+    """Answer the examples of ``run`` not yet in its JSONL, appending each group as it comes."""
     path = args.out / "answers" / f"{run.label}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {json.loads(line)["key"] for line in path.read_text().splitlines()} if path.exists() else set()
-    # Index-major, so a run stopped early (and resumed later) has covered every task and length evenly.
-    todo = sorted((ex for ex in examples if ex.key not in done), key=lambda ex: (ex.index, ex.length))
-    if not todo:
+    groups = groups_of([ex for ex in examples if ex.key not in done], args.concurrency)
+    if not groups or time.time() > args.deadline:
         return
     server = None
     if url is None:
         server = launch_arm(run, args)
         url = server.url
     try:
-        prev = minima_stats(url)
-        with path.open("a") as f:
-            for ex in tqdm(todo, desc=run.label, unit="ex"):
+        with path.open("a") as f, ThreadPoolExecutor(args.concurrency) as pool, \
+                tqdm(total=sum(map(len, groups)), desc=run.label, unit="ex") as bar:
+            for group in groups:
+                if time.time() > args.deadline:
+                    print(f"{run.label}: --time-budget-s reached, {bar.total - bar.n} examples left (resume later)")
+                    break
                 requests.post(url + "/flush_cache", timeout=60)
-                t0 = time.time()
-                r = requests.post(url + "/generate", timeout=3600, json={
-                    "text": ex.prompt,
-                    "sampling_params": {"temperature": 0.0, "max_new_tokens": args.max_new_tokens},
-                })
-                r.raise_for_status()
-                out = r.json()
+                prev = minima_stats(url)
+                outs = list(pool.map(lambda ex: generate_one(url, ex, args.max_new_tokens), group))
                 cur = minima_stats(url)
-                record = {
-                    "key": ex.key, "task": ex.task, "length": ex.length, "index": ex.index,
-                    "answer": out["text"], "score": string_match_all(out["text"], ex.outputs),
-                    "prompt_tokens": out["meta_info"]["prompt_tokens"],
-                    "completion_tokens": out["meta_info"]["completion_tokens"],
-                    "seconds": round(time.time() - t0, 3),
-                    "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur},
-                }
-                prev = cur
-                f.write(json.dumps(record) + "\n")
+                routes = None if cur is None else {k: cur[k] - prev[k] for k in cur}
+                for ex, (out, seconds) in zip(group, outs):
+                    f.write(json.dumps({
+                        "key": ex.key, "task": ex.task, "length": ex.length, "index": ex.index,
+                        "answer": out["text"], "score": string_match_all(out["text"], ex.outputs),
+                        "prompt_tokens": out["meta_info"]["prompt_tokens"],
+                        "completion_tokens": out["meta_info"]["completion_tokens"],
+                        "cached_tokens": out["meta_info"].get("cached_tokens"),  # 0: nothing shared
+                        "seconds": round(seconds, 3),
+                        # the route counters' deltas over the example's group (the group attended them)
+                        "group": group[0].key, "group_size": len(group), "routes": routes,
+                    }) + "\n")
                 f.flush()
+                bar.update(len(group))
     finally:
         if server is not None:
             server.stop()
@@ -218,9 +247,11 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                     continue
                 paired = [k for k in ks if k in ref]
                 diffs = [got[k]["score"] - ref[k]["score"] for k in paired]
-                routes = [got[k]["routes"] for k in ks if got[k]["routes"] is not None]
-                tq3 = sum(r["route_tq3_pages"] for r in routes)
-                hot = sum(r["route_hot_pages"] for r in routes)
+                # one entry per group (an example answered alone is its own group)
+                groups = {got[k].get("group", k): (got[k]["routes"], got[k].get("group_size", 1))
+                          for k in ks if got[k]["routes"] is not None}
+                tq3 = sum(r["route_tq3_pages"] for r, _ in groups.values())
+                hot = sum(r["route_hot_pages"] for r, _ in groups.values())
                 cell = {
                     "chunk": chunk, "task": task, "length": length, "arm": arm, "n": len(ks),
                     "score": sum(got[k]["score"] for k in ks) / len(ks),
@@ -229,7 +260,8 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                     "diff_ci95": bootstrap_ci(diffs, args.bootstrap, args.seed) if diffs else None,
                     "converts": ARMS[arm].converts,
                     "tq3_page_share": tq3 / (tq3 + hot) if tq3 + hot else None,
-                    "examples_reading_tq3": sum(r["route_tq3_pages"] > 0 for r in routes),
+                    # examples answered in a group that read TQ3 pages (alone: that read them)
+                    "examples_reading_tq3": sum(n for r, n in groups.values() if r["route_tq3_pages"] > 0),
                     "tq3_read": tq3 > 0,
                 }
                 result["cells"].append(cell)
@@ -350,7 +382,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default: MINIMA_E2E_DEVICE (cpu unless set; the device harness sets cuda)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=64)
-    ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="KV pool tokens (default: room for --concurrency prompts of the longest length, "
+                         "so that no example waits for memory or is converted by memory pressure)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="examples in flight at once (a group of one task and length)")
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="start no group after this many seconds (answers kept; rerun to resume)")
+    ap.add_argument("--server-args", default="", help="more flags for every server, one string")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="RULER's niah budget is 128")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT)
     ap.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples")
@@ -365,6 +404,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         ap.error(f"--tasks: unknown {unknown} (RULER NIAH tasks: {list(TASKS)})")
     args.lengths = [int(x) for x in args.lengths.split(",")]
+    if args.concurrency < 1:
+        ap.error(f"--concurrency: {args.concurrency} (at least 1)")
+    if args.max_total_tokens is None:
+        args.max_total_tokens = max(32768, args.concurrency * (max(args.lengths) + 2 * args.page_size))
+    args.deadline = time.time() + args.time_budget_s if args.time_budget_s else float("inf")
     on_cpu = args.device == "cpu"
     args.arms = [a for a in (args.arms or CPU_ARMS if on_cpu else args.arms or GPU_ARMS).split(",") if a]
     args.reference = args.reference or ("minima-nostale" if on_cpu else "fp8")

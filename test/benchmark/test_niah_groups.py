@@ -1,0 +1,61 @@
+"""benchmark/quality/niah.py without a server: how examples are grouped for concurrent answering, and
+how the report counts the route counters of a group (read once per group, not once per example)."""
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmark" / "quality"))
+
+import niah  # noqa: E402
+from ruler_data import Example  # noqa: E402
+
+
+def _ex(task: str, length: int, index: int) -> Example:
+    return Example(task, length, index, prompt=f"{task} {length} {index}", outputs=("7",), prompt_tokens=10)
+
+
+def test_groups_hold_one_cell_each_and_come_index_major():
+    todo = [_ex(t, n, i) for t in ("niah_multikey_1", "niah_single_1") for n in (2048, 1024) for i in range(5)]
+    groups = niah.groups_of(todo[::-1], 2)  # any order in
+    assert all(len({(ex.task, ex.length) for ex in g}) == 1 for g in groups)
+    assert sorted(ex.key for g in groups for ex in g) == sorted(ex.key for ex in todo)
+    # indices 0-1 of every cell (by length, then RULER's task order), then 2-3, then 4
+    assert [(g[0].task, g[0].length, [ex.index for ex in g]) for g in groups[:4]] == [
+        ("niah_single_1", 1024, [0, 1]), ("niah_multikey_1", 1024, [0, 1]),
+        ("niah_single_1", 2048, [0, 1]), ("niah_multikey_1", 2048, [0, 1])]
+    assert [len(g) for g in groups] == [2] * 8 + [1] * 4 and all(g[0].index == 4 for g in groups[8:])
+
+
+def _answers(out: Path, label: str, rows: list[dict]) -> None:
+    (out / "answers").mkdir(parents=True, exist_ok=True)
+    (out / "answers" / f"{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _row(index: int, score: float, routes: dict | None, group: str | None = None, size: int | None = None) -> dict:
+    row = {"key": f"niah_single_1/1024/{index}", "task": "niah_single_1", "length": 1024, "index": index,
+           "score": score, "routes": routes}
+    if group is not None:
+        row |= {"group": group, "group_size": size}
+    return row
+
+
+def test_a_groups_routes_count_once_and_its_examples_count_as_reading_tq3(tmp_path):
+    routes = {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 0, "route_tq3_tokens": 0,
+              "retier_pages": 3}
+    none = dict.fromkeys(routes, 0)
+    _answers(tmp_path, "fp8@default", [_row(i, 100.0, None, "g", 3) for i in range(4)])
+    # three examples answered together (one delta, written on each), one alone (a pre-grouping row)
+    _answers(tmp_path, "minima@default",
+             [_row(i, s, routes, "niah_single_1/1024/0", 3) for i, s in enumerate((100.0, 0.0, 100.0))]
+             + [_row(3, 100.0, none)])
+    args = Namespace(out=tmp_path, reference="fp8", arms=["fp8", "minima"], chunked_prefill_sizes=["default"],
+                     bootstrap=200, seed=0)
+    examples = [_ex("niah_single_1", 1024, i) for i in range(4)]
+    result = niah.report([niah.Run(a, "default") for a in args.arms], examples, args)
+    cell = next(c for c in result["cells"] if c["arm"] == "minima")
+    assert cell["tq3_page_share"] == 10 / 40  # not 30 / 120
+    assert cell["examples_reading_tq3"] == 3 and cell["tq3_read"]
+    assert cell["diff_vs_ref"] == -25.0 and cell["n_paired"] == 4
