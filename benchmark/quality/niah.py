@@ -20,7 +20,7 @@ arm (``--reference``, FP8 by default) with bootstrap 95% intervals over examples
 and the page mix; written as ``OUT/niah.json``, ``OUT/niah.md`` and ``OUT/niah.png``.
 
 Arms (``--arms``):
-  bf16               SGLang's own path, KV in the model dtype (``--dtype``).
+  bf16               SGLang's own path, KV in the model dtype (``--dtype``); on CUDA its flashinfer backend.
   fp8                SGLang's own path with ``--kv-cache-dtype fp8_e4m3`` (not on CPU: SGLang's CPU
                      FP8 KV needs Intel AMX; there minima-nostale is the FP8 arm and the reference).
   minima-nostale     Minima with ``--minima-disable-stale``: every page FP8 e4m3.
@@ -28,6 +28,13 @@ Arms (``--arms``):
   minima-aggressive  Minima with one Recent page, one sink page, no Anchor budget.
   minima-defer       Minima defaults plus ``--minima-defer-prefill-conversion``.
   minima-k4          Minima defaults plus ``--minima-key-bits 4`` (4-bit Stale keys; minima_native on CUDA).
+  minima-recentN     Minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
+  minima-sink4       Minima with four sink pages.
+  minima-anchor8     Minima with an Anchor budget of eight pages per request (filled by age and structure).
+
+The frontier: every run's macro score against the KV bytes per token it attended (per layer, from
+the route counters' hot and TQ3 token reads and the codec's page accounting), in the report and in
+OUT/niah_frontier.png.
 
 Usage:
   python benchmark/quality/niah.py --out docs/results/quality_cpu --smoke
@@ -78,6 +85,10 @@ class ArmSpec:
         return self.module == "sglang_minima.launch_server"
 
     @property
+    def key_bits(self) -> int:
+        return int(self.flags[self.flags.index("--minima-key-bits") + 1]) if "--minima-key-bits" in self.flags else 3
+
+    @property
     def converts(self) -> bool:
         """Whether this arm is meant to read TQ3 pages (so a run that read none is no evidence)."""
         return self.is_minima and "--minima-disable-stale" not in self.flags
@@ -94,6 +105,10 @@ ARMS: dict[str, ArmSpec] = {
                 ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
         ArmSpec("minima-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
         ArmSpec("minima-k4", "sglang_minima.launch_server", ("--minima-key-bits", "4")),
+        *(ArmSpec(f"minima-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
+          for n in (8, 16, 32)),
+        ArmSpec("minima-sink4", "sglang_minima.launch_server", ("--minima-sink-pages", "4")),
+        ArmSpec("minima-anchor8", "sglang_minima.launch_server", ("--minima-anchor-pages", "8")),
     )
 }
 
@@ -121,6 +136,8 @@ def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[st
                   "--cuda-graph-backend-prefill", "disabled"]
         if not spec.is_minima:
             flags += ["--attention-backend", "torch_native"]
+    elif not spec.is_minima:
+        flags += ["--attention-backend", "flashinfer"]  # the baselines are SGLang's flashinfer, not its fa3 default on Hopper
     if chunk != "default":
         flags += ["--chunked-prefill-size", chunk]
     return flags + list(spec.flags) + shlex.split(args.server_args)
@@ -183,10 +200,12 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
     try:
         with path.open("a") as f, ThreadPoolExecutor(args.concurrency) as pool, \
                 tqdm(total=sum(map(len, groups)), desc=run.label, unit="ex") as bar:
+            last = 0.0  # the previous group's seconds: a group not expected to end in the budget is not started
             for group in groups:
-                if time.time() > args.deadline:
+                if time.time() + last > args.deadline:
                     print(f"{run.label}: --time-budget-s reached, {bar.total - bar.n} examples left (resume later)")
                     break
+                t0 = time.time()
                 requests.post(url + "/flush_cache", timeout=60)
                 prev = minima_stats(url)
                 outs = list(pool.map(lambda ex: generate_one(url, ex, args.max_new_tokens), group))
@@ -205,6 +224,7 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
                     }) + "\n")
                 f.flush()
                 bar.update(len(group))
+                last = time.time() - t0
     finally:
         if server is not None:
             server.stop()
@@ -222,6 +242,29 @@ def bootstrap_ci(diffs: list[float], resamples: int, seed: int) -> tuple[float, 
     idx = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))
     means = d[idx].mean(axis=1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def kv_geometry(model_path: Path) -> tuple[int, int]:
+    """(KV heads, head dim) of the served model, from its config.json."""
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    return cfg["num_key_value_heads"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: tuple[int, int], page_size: int,
+                    dtype: str) -> float | None:
+    """KV bytes per attended token and layer (K and V, every KV head): the model dtype's for BF16 KV,
+    FP8's for the FP8 arms, and for Minima the mix of FP8 and TQ3 tokens its attention read."""
+    from sglang_minima.codec.accounting import fp8_bytes, tq3_bytes
+    from sglang_minima.codec.layout import TQ3PageLayout
+
+    heads, dim = geometry
+    fp8 = fp8_bytes(heads, page_size, dim).per_token
+    if not spec.is_minima:
+        return fp8 if "fp8_e4m3" in spec.flags else fp8 * {"float32": 4, "float": 4}.get(dtype, 2)
+    if hot_tokens + tq3_tokens == 0:
+        return None if spec.converts else fp8
+    tq3 = tq3_bytes(TQ3PageLayout(heads, page_size, dim, key_bits=spec.key_bits)).per_token
+    return (hot_tokens * fp8 + tq3_tokens * tq3) / (hot_tokens + tq3_tokens)
 
 
 def load_answers(out: Path, run: Run) -> dict[str, dict]:
@@ -268,12 +311,18 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 macro_diffs.setdefault(arm, []).append(diffs)
         for arm, per_cell in macro_diffs.items():
             arm_cells = [c for c in result["cells"] if c["chunk"] == chunk and c["arm"] == arm]
+            run_groups = {r.get("group", k): r["routes"] for k, r in answers[Run(arm, chunk).label].items()
+                          if r["routes"] is not None}
+            hot_tok = sum(r["route_hot_tokens"] for r in run_groups.values())
+            tq3_tok = sum(r["route_tq3_tokens"] for r in run_groups.values())
             result["macro"][f"{arm}@{chunk}"] = {
                 "score": sum(c["score"] for c in arm_cells) / len(arm_cells),
                 "diff_vs_ref": macro_diff(per_cell),
                 "diff_ci95": macro_ci(per_cell, args.bootstrap, args.seed),
                 "cells": len(arm_cells),
                 "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for c in arm_cells),
+                "bytes_per_token": bytes_per_token(ARMS[arm], hot_tok, tq3_tok, args.geometry, args.page_size,
+                                                   args.dtype),
             }
     return result
 
@@ -326,12 +375,48 @@ def markdown(result: dict, args: argparse.Namespace) -> str:
                          f"{fmt_diff(c['diff_vs_ref'], c['diff_ci95']) if c['arm'] != ref else '-'} | {tq3} |")
         lines.append("")
     lines += ["#### Macro (mean over task x length cells)", "",
-              f"| run | cells | score | Δ vs {ref} [95% CI] | cells without a TQ3 read |", "|---|---|---|---|---|"]
+              f"| run | cells | score | Δ vs {ref} [95% CI] | cells without a TQ3 read | KV bytes / attended token |",
+              "|---|---|---|---|---|---|"]
     for label, m in result["macro"].items():
+        bpt = m.get("bytes_per_token")
         lines.append(f"| {label} | {m['cells']} | {m['score']:.2f} | "
                      f"{fmt_diff(m['diff_vs_ref'], m['diff_ci95']) if not label.startswith(ref + '@') else '-'} | "
-                     f"{m['cells_without_tq3']} |")
+                     f"{m['cells_without_tq3']} | {'-' if bpt is None else f'{bpt:.0f}'} |")
+    lines += ["", "Δ is paired over the examples both runs answered; runs that cover different cells are "
+              "compared by their Δ, not by their scores. KV bytes per attended token are per layer (K and V, "
+              "every KV head), from the route counters' FP8 and TQ3 token reads."]
     return "\n".join(lines) + "\n"
+
+
+def plot_frontier(result: dict, path: Path) -> None:
+    """Δ macro vs the reference against KV bytes per attended token, one point per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(k, m) for k, m in result["macro"].items()
+           if m.get("bytes_per_token") is not None and m["diff_vs_ref"] is not None]
+    if not pts:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    most = max(m["cells"] for _, m in pts)
+    for label, m in pts:
+        if m["cells"] < most:  # a run stopped early: its Δ is over fewer cells
+            label = f"{label} ({m['cells']} cells)"
+        lo, hi = m["diff_ci95"] or (m["diff_vs_ref"], m["diff_vs_ref"])
+        ax.errorbar(m["bytes_per_token"], m["diff_vs_ref"], yerr=[[m["diff_vs_ref"] - lo], [hi - m["diff_vs_ref"]]],
+                    fmt="o", color="tab:blue" if "minima" in label else "tab:gray", capsize=3)
+        ax.annotate(label, (m["bytes_per_token"], m["diff_vs_ref"]), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.axhline(-1, color="tab:red", lw=0.6, ls="--")
+    ax.set_xlabel("KV bytes per attended token, per layer")
+    ax.set_ylabel(f"macro Δ vs {result['reference']} (pp, paired, 95% CI)")
+    ax.set_title("RULER NIAH: the quality / bytes frontier (dashed: the -1 pp target)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -436,6 +521,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.device == "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
         setup_cpu_engine()  # the plain SGLang arms inherit the CPU engine setup (pytest's conftest did it)
     args.model_path = ensure_default_model()
+    args.geometry = kv_geometry(args.model_path)
     args.out.mkdir(parents=True, exist_ok=True)
     examples = [ex for task in args.tasks for length in args.lengths
                 for ex in generate(task, length, args.n, args.model_path, seed=args.seed)[: args.limit]]
@@ -455,6 +541,7 @@ def main(argv: list[str] | None = None) -> dict:
     md = markdown(result, args)
     (args.out / "niah.md").write_text(md)
     plot(result, args.out / "niah.png")
+    plot_frontier(result, args.out / "niah_frontier.png")
     print(md)
     for label, m in result["macro"].items():
         if m["cells_without_tq3"]:

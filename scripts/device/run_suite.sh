@@ -107,9 +107,9 @@ niah)
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 > "$WORK/warm.log" 2>&1
   left=$((budget - (SECONDS - t0))); i=0
-  for arm in ${arms//,/ }; do  # each stops starting groups 40 s before the budget (its server's stop)
+  for arm in ${arms//,/ }; do  # each stops starting groups 60 s before the budget (its server's stop)
     timeout -s INT "$left" python3 benchmark/quality/niah.py --out "$WORK/niah" --arms "$arm" --reference "$arm" \
-      --port $((31800 + 20 * i)) --time-budget-s $((left - 40)) $nargs > "$WORK/niah_$arm.log" 2>&1 &
+      --port $((31800 + 20 * i)) --time-budget-s $((left - 60)) $nargs > "$WORK/niah_$arm.log" 2>&1 &
     i=$((i + 1))
   done
   wait

@@ -43,7 +43,7 @@ def _row(index: int, score: float, routes: dict | None, group: str | None = None
 
 
 def test_a_groups_routes_count_once_and_its_examples_count_as_reading_tq3(tmp_path):
-    routes = {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 0, "route_tq3_tokens": 0,
+    routes = {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 1920, "route_tq3_tokens": 640,
               "retier_pages": 3}
     none = dict.fromkeys(routes, 0)
     _answers(tmp_path, "fp8@default", [_row(i, 100.0, None, "g", 3) for i in range(4)])
@@ -52,10 +52,24 @@ def test_a_groups_routes_count_once_and_its_examples_count_as_reading_tq3(tmp_pa
              [_row(i, s, routes, "niah_single_1/1024/0", 3) for i, s in enumerate((100.0, 0.0, 100.0))]
              + [_row(3, 100.0, none)])
     args = Namespace(out=tmp_path, reference="fp8", arms=["fp8", "minima"], chunked_prefill_sizes=["default"],
-                     bootstrap=200, seed=0)
+                     bootstrap=200, seed=0, geometry=(3, 64), page_size=64, dtype="bfloat16")
     examples = [_ex("niah_single_1", 1024, i) for i in range(4)]
     result = niah.report([niah.Run(a, "default") for a in args.arms], examples, args)
     cell = next(c for c in result["cells"] if c["arm"] == "minima")
     assert cell["tq3_page_share"] == 10 / 40  # not 30 / 120
     assert cell["examples_reading_tq3"] == 3 and cell["tq3_read"]
     assert cell["diff_vs_ref"] == -25.0 and cell["n_paired"] == 4
+    # the run read 1,920 FP8 and 640 TQ3 tokens (the example alone read none): 3/4 at FP8's 384 bytes
+    # per token and layer (3 KV heads x 64 dims x K and V), 1/4 at TQ3's 162
+    assert result["macro"]["minima@default"]["bytes_per_token"] == (3 * 384 + 162) / 4
+    assert result["macro"]["fp8@default"]["bytes_per_token"] == 384
+
+
+def test_bytes_per_token_follows_the_codecs_page_accounting():
+    geo = (3, 64)  # SmolLM2-135M: 3 KV heads of 64 dims; per layer, K and V
+    assert niah.bytes_per_token(niah.ARMS["bf16"], 0, 0, geo, 64, "bfloat16") == 768
+    assert niah.bytes_per_token(niah.ARMS["minima-nostale"], 5, 0, geo, 64, "bfloat16") == 384
+    # TQ3: 3 bits per key and value element, an fp16 norm per key and a scale and zero per value, per head
+    assert niah.bytes_per_token(niah.ARMS["minima"], 0, 7, geo, 64, "bfloat16") == 3 * (3 * 64 * 2 / 8 + 3 * 2)
+    assert niah.bytes_per_token(niah.ARMS["minima-k4"], 0, 7, geo, 64, "bfloat16") == 3 * (7 * 64 / 8 + 3 * 2)
+    assert niah.bytes_per_token(niah.ARMS["minima"], 0, 0, geo, 64, "bfloat16") is None  # read nothing: unknown

@@ -49,7 +49,11 @@ class KernelConversions:
         key = (float(self.store.k_scales[layer]), float(self.store.v_scales[layer]))
         cached = self._scales[layer]
         if cached is None or cached[0] != key:
-            cached = (key, torch.tensor(key, dtype=torch.float32, device=self.store.device))
+            # filled on the device: copying a host tensor would wait for the conversion stream, i.e.
+            # for the forward it waits on, and a launch would no longer return before its copy ran
+            scales = torch.empty(2, dtype=torch.float32, device=self.store.device)
+            scales[0], scales[1] = key
+            cached = (key, scales)
             self._scales[layer] = cached
         return cached[1]
 
