@@ -9,8 +9,12 @@ through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what t
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
 ``--minima-attention-score-anchors``; 4-bit Stale keys: ``--minima-key-bits 4``) selects ``minima_native``, and is refused with
 ``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
-inside the graph); extend batches are planned on the host, so prefill graphs are off, and so are
-decode graphs on ``minima_native``.
+inside the graph); extend batches are planned on the host, so prefill graphs are off by default and
+whole-forward ones (``full``) are refused. ``--cuda-graph-backend-prefill breakable`` is accepted
+with ``minima``: SGLang's breakable graphs replay the layers between attention calls and run each
+attention call, and the backend's ``init_forward_metadata`` before it, eagerly on the live batch, so
+Minima's host-planned extend serves inside them (opt-in until measured on the device). Decode
+graphs are off on ``minima_native``.
 """
 
 from __future__ import annotations
@@ -204,15 +208,19 @@ def _decode_backend(argv: list[str], default: str) -> str:
 
 
 def _check_graphs(argv: list[str], backend: str) -> None:
-    """CUDA graphs asked for where Minima cannot be captured: extend batches (both backends plan
-    them on the host), and decode batches on ``minima_native`` (host page lists per step). The
-    ``minima`` backend's decode is captured whole (``--cuda-graph-backend-decode full``)."""
+    """CUDA graphs asked for where Minima cannot be captured: extend batches captured whole (both
+    backends plan them on the host; ``minima`` serves SGLang's breakable prefill graphs, whose
+    attention calls run eagerly), and decode batches on ``minima_native`` (host page lists per
+    step). The ``minima`` backend's decode is captured whole (``--cuda-graph-backend-decode full``)."""
     for flag in ("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"):
         value = _flag_value(argv, flag)
         if value in (None, "disabled") or (flag.endswith("decode") and backend == MINIMA_BACKEND and value == "full"):
             continue
+        if flag.endswith("prefill") and backend == MINIMA_BACKEND and value == "breakable":
+            continue
         if flag.endswith("prefill"):
-            why = "Minima plans extend and prefill batches on the host, which a CUDA graph cannot capture"
+            why = ("Minima plans extend and prefill batches on the host, which a whole-forward CUDA graph cannot "
+                   f"capture; --attention-backend {MINIMA_BACKEND} serves breakable")
         elif backend == MINIMA_BACKEND:
             why = f"the {MINIMA_BACKEND} backend's decode is captured whole: use full"
         else:
@@ -229,7 +237,8 @@ def _default_flags(argv: list[str], on_cpu: bool, backend: str, decode_backend: 
     if on_cpu:
         defaults.append((("--max-total-tokens",), ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]))
     graphs_off = ("--disable-cuda-graph",)
-    # Extend batches are planned on the host: no prefill graphs. Decode graphs where the decode
+    # Extend batches are planned on the host: no prefill graphs unless asked for (breakable, on
+    # ``minima``: not yet measured on the device, so not the default). Decode graphs where the decode
     # backend captures them (``minima`` on CUDA: SGLang's default, full graphs), else none.
     defaults.append((("--cuda-graph-backend-prefill", *graphs_off), ["--cuda-graph-backend-prefill", "disabled"]))
     if on_cpu or decode_backend != MINIMA_BACKEND:

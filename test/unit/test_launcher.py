@@ -141,8 +141,8 @@ def test_help_lists_minima_and_sglang_flags(monkeypatch, capsys):
 
 @pytest.mark.parametrize("other, flag, value", [
     ([], "--cuda-graph-backend-prefill", "full"),
-    ([], "--cuda-graph-backend-prefill", "breakable"),
     ([], "--cuda-graph-backend-decode", "breakable"),
+    (["--attention-backend", "minima_native"], "--cuda-graph-backend-prefill", "breakable"),
     (["--attention-backend", "minima_native"], "--cuda-graph-backend-decode", "full"),
     (["--minima-hot-dtype", "auto"], "--cuda-graph-backend-decode", "full"),  # picks minima_native
 ])
@@ -152,3 +152,13 @@ def test_cuda_graphs_minima_cannot_capture_are_refused_naming_the_flag(monkeypat
         launch_server.prepare(["--model-path", str(tmp_path), *other, f"{flag}={value}"])
     assert e.value.message.startswith(f"{flag} {value}:") and "disabled" in e.value.message
     launch_server.prepare(["--model-path", str(tmp_path), *other, flag, "disabled"])  # accepted
+
+
+def test_breakable_prefill_graphs_are_passed_to_sglang_on_the_kernel_backend(monkeypatch, tmp_path):
+    # SGLang's breakable prefill graphs run attention (and its metadata) eagerly between the
+    # captured layers: the host-planned extend of ``minima`` serves inside them
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--cuda-graph-backend-prefill", "breakable"])
+    assert argv.count("--cuda-graph-backend-prefill") == 1
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "breakable"
+    assert argv[argv.index("--attention-backend") + 1] == "minima"
