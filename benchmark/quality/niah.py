@@ -130,7 +130,7 @@ class Run:
 def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[str]:
     flags = ["--model-path", str(args.model_path), "--dtype", args.dtype, "--page-size", str(args.page_size),
              "--max-total-tokens", str(args.max_total_tokens),
-             "--max-running-requests", str(max(4, args.concurrency)), "--random-seed", "0"]
+             "--max-running-requests", str(max(4, getattr(args, "concurrency", 1))), "--random-seed", "0"]
     if args.device == "cpu":
         flags += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled",
                   "--cuda-graph-backend-prefill", "disabled"]
@@ -140,7 +140,7 @@ def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[st
         flags += ["--attention-backend", "flashinfer"]  # the baselines are SGLang's flashinfer, not its fa3 default on Hopper
     if chunk != "default":
         flags += ["--chunked-prefill-size", chunk]
-    return flags + list(spec.flags) + shlex.split(args.server_args)
+    return flags + list(spec.flags) + shlex.split(getattr(args, "server_args", ""))
 
 
 def minima_stats(url: str) -> dict[str, int] | None:

