@@ -4,7 +4,7 @@ No tilelang import, so heuristics.py (and its CPU tests) can read the limits too
 """
 
 import torch
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook
 
 LOG2E = 1.4426950408889634  # base-2 softmax: scores are scaled by sm_scale * log2(e)
 # ``pass_configs`` of the kernels that must match the torch codec bit for bit: nvcc contracts no
@@ -25,6 +25,7 @@ def log2_int(n: int) -> int:
     return n.bit_length() - 1
 
 
-def key_centroids_fp16(head_dim: int) -> tuple[float, ...]:
-    """The TQ3 key codebook rounded to fp16 (the kernel's GEMM operand precision)."""
-    return tuple(float(c) for c in tq3_codebook(head_dim).centroids.to(torch.float16).float())
+def key_centroids_fp16(head_dim: int, key_bits: int = 3) -> tuple[float, ...]:
+    """The key codebook of ``key_bits``-bit Stale keys rounded to fp16 (the kernel's GEMM operand
+    precision): 8 centroids, or 16 for 4-bit keys (the decode kernels read the width from the count)."""
+    return tuple(float(c) for c in key_codebook(head_dim, key_bits).centroids.to(torch.float16).float())

@@ -95,7 +95,9 @@ class MinimaDecodeWrapper:
     effect at the next ``plan``.
     ``tq3_config``: build options of the TQ3 decode over ``tile_config``'s for the batch (e.g. warps,
     min_blocks; also the fused kernel's); ``fp8_config``: of the TileLang FP8 decode over
-    ``fp8_tile_config``'s (e.g. pages_per_step).
+    ``fp8_tile_config``'s (e.g. pages_per_step). ``key_bits``: the TQ3 pages' key code width, 3 or 4
+    (``--minima-key-bits``; docs/TQ3P.md): the TQ3 and fused decodes read it, the tile configs are
+    3-bit keys' (4-bit keys add a 32 KB key table and a fourth piece per key lane stream).
 
     After ``plan``, ``decode`` is the bound path (decode_paths.py): its page lists (``tq3_plan``,
     ``fp8_plan``), kernels and outputs; ``path`` is the choice that made it.
@@ -116,6 +118,7 @@ class MinimaDecodeWrapper:
         fp8_kernel: str = "auto",
         tq3_config: dict[str, int] | None = None,
         fp8_config: dict[str, int] | None = None,
+        key_bits: int = 3,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -131,7 +134,8 @@ class MinimaDecodeWrapper:
         self.sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
         self.q_dtype = q_dtype
         self._dtype_name = dtype
-        self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+        self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)  # refuses other key_bits
+        self._centroids = key_centroids_fp16(head_dim, key_bits)
         self.device = workspace.device
         self.num_sms = device_sm_count(self.device)  # what the split rules count a wave in
         self._flashinfer = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
@@ -288,10 +292,9 @@ class MinimaDecodeWrapper:
         """The TileLang kernel factory of ``kernel`` for this geometry, taking a build's options."""
         shape = (self.num_kv_heads, self.group_size, self.head_dim)
         if kernel == "tq3":
-            return partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, key_centroids_fp16(self.head_dim))
+            return partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, self._centroids)
         if kernel == "mixed":
-            cent = key_centroids_fp16(self.head_dim)
-            return partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, cent, self._dtype_name)
+            return partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, self._centroids, self._dtype_name)
         return partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
 
     def _bind(self, batch, path, tq3_build, fp8_build, kernels, has_fp8, has_tq3, lists, kept) -> None:

@@ -102,10 +102,59 @@ __device__ __forceinline__ void tq3_keys(const uint32_t* w, uint32_t lane4, uint
 """
 
 
+KEY4_CODES = 16
+KEY4_TABLE_ENTRIES = KEY4_CODES * KEY4_CODES
+
+
+def _key4_table_source(centroids: tuple[float, ...]) -> str:
+    """CUDA for 4-bit keys (docs/TQ3P.md, "4-bit keys"): a lane stream's byte p is pair p, the index
+    ``low | high << 4`` of a 256-entry table of fp16x2 centroid pairs, one column per lane as the
+    3-bit table (entry e of lane l at byte 128 e + 4 l: a warp's 32 lookups never share a bank), 32 KB.
+    ``k4_keys`` turns 4 words (64 dims: 16 pairs, one block's A operand per word) into 16 operands,
+    each one shift-and-mask and one table load."""
+    if len(centroids) != KEY4_CODES:
+        raise ValueError(f"the 4-bit key table wants {KEY4_CODES} centroids, got {len(centroids)}")
+    half_bits = [int(np.float16(c).view(np.uint16)) for c in centroids]
+    centroid = " : ".join(f"c == {i} ? 0x{h:04x}u" for i, h in enumerate(half_bits[:-1])) + f" : 0x{half_bits[-1]:04x}u"
+    return f"""
+__device__ __forceinline__ uint32_t key_centroid(uint32_t c) {{ return {centroid}; }}
+__device__ __forceinline__ uint32_t* key_table() {{
+  __shared__ __align__(16) uint32_t table[{KEY4_TABLE_ENTRIES * 32}];
+  return table;
+}}
+// each warp writes its rows of the table, every row one entry broadcast to the 32 columns
+__device__ __forceinline__ void fill_key_table(int warp, int warps, int lane) {{
+  for (int e = warp; e < {KEY4_TABLE_ENTRIES}; e += warps)
+    key_table()[e * 32 + lane] = key_centroid(e & 15u) | key_centroid(static_cast<uint32_t>(e) >> 4) << 16;
+}}
+// shared-memory address of entry 0 of this lane's column
+__device__ __forceinline__ uint32_t table_lane(int lane) {{
+  return static_cast<uint32_t>(__cvta_generic_to_shared(key_table())) + (lane << 2);
+}}
+__device__ __forceinline__ uint32_t table_at(uint32_t address) {{
+  uint32_t d;
+  asm("ld.shared.b32 %0, [%1];" : "=r"(d) : "r"(address));
+  return d;
+}}
+// keys: the 16 pairs of 64 dims (4 words; byte g of word k is register g of k-block k) as fp16x2
+__device__ __forceinline__ void k4_keys(const uint32_t* w, uint32_t lane4, uint32_t* out) {{
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {{
+    uint32_t x = w[k];
+    out[4 * k + 0] = table_at(lane4 + ((x << 7) & 0x7f80u));
+    out[4 * k + 1] = table_at(lane4 + ((x >> 1) & 0x7f80u));
+    out[4 * k + 2] = table_at(lane4 + ((x >> 9) & 0x7f80u));
+    out[4 * k + 3] = table_at(lane4 + ((x >> 17) & 0x7f80u));
+  }}
+}}
+"""
+
+
 def tq3_device_source(centroids: tuple[float, ...], shift_by_imad: bool) -> str:
-    """CUDA helpers: triple decode (keys / values), mma.sync m16n8k16, movmatrix, half2 packing."""
+    """CUDA helpers: triple decode (keys / values), mma.sync m16n8k16, movmatrix, half2 packing. The
+    key codebook's size says the key code width: 8 centroids for 3-bit keys, 16 for 4-bit keys."""
     value_consts = ", ".join(f"{{0x{_half2(2.0**-s):08x}u, 0x{_half2(-(2.0 ** (10 - s))):08x}u}}" for s in _SHIFTS)
-    key_table = _key_table_source(centroids, shift_by_imad)
+    key_table = _key4_table_source(centroids) if len(centroids) == KEY4_CODES else _key_table_source(centroids, shift_by_imad)
     return f"""
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -171,6 +220,17 @@ __device__ __forceinline__ void copy_chunk(uint32_t dst, uint32_t meta_dst, cons
     cp_async_to<kPiece>(dst + kValueSlot + 32 * kPiece * j, src + kValueDelta + 32 * kPiece * j);
   }}
   if (meta_lane) cp_async_to<4>(meta_dst, static_cast<const char*>(page) + meta_off);
+}}
+// 4-bit keys: the key lane streams are kKeyPieces pieces (4) and lie elsewhere than value + a
+// constant, so both offsets are given (key pieces at dst, value pieces at dst + kValueSlot)
+template <int kPiece, int kKeyPieces, int kValueSlot>
+__device__ __forceinline__ void copy_chunk_kv(uint32_t dst, uint32_t meta_dst, const void* page, int k_off, int v_off, int meta_off, bool meta_lane) {{
+  const char* base = static_cast<const char*>(page);
+#pragma unroll
+  for (int j = 0; j < kKeyPieces; ++j) cp_async_to<kPiece>(dst + 32 * kPiece * j, base + k_off + 32 * kPiece * j);
+#pragma unroll
+  for (int j = 0; j < 3; ++j) cp_async_to<kPiece>(dst + kValueSlot + 32 * kPiece * j, base + v_off + 32 * kPiece * j);
+  if (meta_lane) cp_async_to<4>(meta_dst, base + meta_off);
 }}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;"); }}
 template <int kPending>

@@ -66,22 +66,32 @@ def split_decode(
     fp8_step_chunks: int = 0,
     q_dtype: str = "bfloat16",
 ):
-    """The prim_func of ``tq3_decode_kernel`` (``fp8_step_chunks`` 0) or of ``mixed_decode_kernel``."""
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    """The prim_func of ``tq3_decode_kernel`` (``fp8_step_chunks`` 0) or of ``mixed_decode_kernel``.
+    The key codebook's size is the key code width: 8 centroids, 3-bit keys; 16, 4-bit keys (their lane
+    streams are 4 pieces instead of 3, one byte per pair: ``device_source._key4_table_source``)."""
+    if len(centroids) not in (8, 16):
+        raise ValueError(f"{len(centroids)} key centroids: 8 (3-bit keys) or 16 (4-bit keys)")
+    key_bits = 4 if len(centroids) == 16 else 3
+    k4 = key_bits == 4
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
     C = step_chunks
     C8 = fp8_step_chunks
     NB = -(-G // HEADS_PER_TILE)  # head tiles of 8
     heads = H * G
-    lane_words = layout.lane_words  # 3, 6, 12
+    lane_words = layout.v_lane_words  # 3, 6, 12 (and the keys', 3-bit)
+    k_lane_words = layout.k_lane_words  # 4-bit keys: 4, 8, 16
     triples = lane_words // TRIPLE_WORDS
     vec = lane_words // TRIPLE_WORDS  # a lane's stream is copied and read as 3 pieces of D/64 words
     blocks = D // 16
     chunks_per_page = P // CHUNK_TOKENS
     page_words = layout.page_bytes // 4
-    head_words = layout.head_code_bytes // 4
-    chunk_words = LANES * lane_words
-    slot_words = C * 2 * chunk_words  # a ring slot: the step's chunks, each K codes then V codes
+    k_pieces = k_lane_words // vec  # a key lane stream's pieces: 3, or 4 with 4-bit keys
+    k_head_words, v_head_words = layout.k_head_code_bytes // 4, layout.v_head_code_bytes // 4
+    chunk_words = LANES * lane_words  # a chunk's value words (and key words, 3-bit)
+    k_chunk_words = LANES * k_lane_words
+    kv_chunk_words = k_chunk_words + chunk_words
+    slot_words = C * kv_chunk_words  # a ring slot: the step's chunks, each K codes then V codes
     fp8_chunk_words = fp8_chunk_bytes(D) // 4
     fp8_slot_words = C8 * fp8_chunk_words
     chunk_meta = 3 * CHUNK_TOKENS  # a chunk's k_norm, v_scale, v_zero (halves) in the metadata ring
@@ -111,7 +121,11 @@ def split_decode(
     # their pages and the page index advances by a constant: the main loop does no address division.
     if (warps * C) % chunks_per_page:
         raise ValueError(f"warps={warps} x step_chunks={C} must be a multiple of the {chunks_per_page} chunks per page")
-    copy_chunk = f"minima::copy_chunk<{4 * vec}, {4 * (v_base - k_base)}, {4 * chunk_words}>"
+    if k4:
+        copy_chunk = f"minima::copy_chunk_kv<{4 * vec}, {k_pieces}, {4 * k_chunk_words}>"
+    else:
+        assert k_head_words == v_head_words and k_chunk_words == chunk_words  # values = keys + v_base - k_base
+        copy_chunk = f"minima::copy_chunk<{4 * vec}, {4 * (v_base - k_base)}, {4 * chunk_words}>"
     neg_inf = -T.infinity(T.float32)
     CM = max(C, C8)  # per-step buffers hold the larger role's chunks
 
@@ -163,7 +177,9 @@ def split_decode(
         if fp8:
             lane_off[0] = first_sub * CHUNK_TOKENS * H * D + hk * D  # its first token's K/V bytes in a page
         else:
-            lane_off[0] = (k_base + hk * head_words + lane * vec + first_sub * chunk_words) * 4
+            lane_off[0] = (k_base + hk * k_head_words + lane * vec + first_sub * k_chunk_words) * 4
+            if k4:  # the value streams' offset (3-bit: the keys' plus a constant, in copy_chunk)
+                lane_off[2] = (v_base + hk * v_head_words + lane * vec + first_sub * chunk_words) * 4
             lane_off[1] = (
                 T.if_then_else(lane < 8, kn_base, T.if_then_else(lane < 16, vs_base, vz_base))
                 + hk * P
@@ -231,6 +247,18 @@ def split_decode(
                             lane,
                             split[4] - ((warp + it * warps) * c + ci) * CHUNK_TOKENS,
                         )
+                    elif (not jagged or (warp + it * warps) * c + ci < n_chunks) and k4:
+                        T.call_extern(
+                            "handle",
+                            copy_chunk,
+                            ring_at[0] + (slot * slot_words + ci * kv_chunk_words) * 4,
+                            ring_at[1] + ((slot * C + ci) * chunk_meta) * 2,
+                            T.address_of(pool[page, 0]),
+                            lane_off[0] + (ci % chunks_per_page) * k_chunk_words * 4,
+                            lane_off[2] + (ci % chunks_per_page) * chunk_words * 4,
+                            lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
+                            lane < 24,
+                        )
                     elif not jagged or (warp + it * warps) * c + ci < n_chunks:
                         T.call_extern(
                             "handle",
@@ -260,6 +288,7 @@ def split_decode(
                             chunk_ok[ci * 2 + h] = T.Cast(T.int32, ((warp + step * warps) * c + ci) * CHUNK_TOKENS + r + 8 * h < split[4])
                 else:
                     slot_base = warp * warp_words + step % stages * slot_words + lane * lane_words
+                    k_slot_base = warp * warp_words + step % stages * slot_words + lane * k_lane_words
                     meta_base = (warp * stages + step % stages) * C * chunk_meta
                     for ci in T.unroll(C):
                         chunk_ok[ci] = T.Cast(T.int32, (warp + step * warps) * C + ci < n_chunks)
@@ -274,7 +303,11 @@ def split_decode(
                                 meta_cur[ci * 6 + 4 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 4 + j], 0)
                 # scores^T = K . q'^T per chunk, 64 dims at a time (4 k-blocks of 16 dims each)
                 for ci in T.unroll(c):
-                    if not fp8:
+                    if not fp8 and k4:
+                        for j in T.unroll(k_pieces):
+                            for e in T.vectorized(vec):
+                                codes[j * vec + e] = ring[k_slot_base + ci * kv_chunk_words + j * vec + e]
+                    elif not fp8:
                         for j in T.unroll(TRIPLE_WORDS):
                             for e in T.vectorized(vec):
                                 codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + j * vec + e]
@@ -283,6 +316,8 @@ def split_decode(
                     for tr in T.unroll(triples):
                         if fp8:
                             T.call_extern("handle", "minima::fp8_keys", chunk_at + ci * fp8_chunk_words * 4, r, t, tr, T.address_of(ops[0]))
+                        elif k4:
+                            T.call_extern("handle", "minima::k4_keys", T.address_of(codes[tr * 4]), ring_at[2], T.address_of(ops[0]))
                         else:
                             T.call_extern("handle", "minima::tq3_keys", T.address_of(codes[tr * 3]), ring_at[2], T.address_of(ops[0]))
                         for kk in T.unroll(4):
@@ -355,7 +390,11 @@ def split_decode(
                                 acc_o[(mb * NB + nb) * 4 + i] *= alpha[nb * 2 + i % 2]
                 # out'^T += V^T . (p * v_scale)^T, chunk by chunk
                 for ci in T.unroll(c):
-                    if not fp8:
+                    if not fp8 and k4:
+                        for j in T.unroll(TRIPLE_WORDS):
+                            for e in T.vectorized(vec):
+                                codes[j * vec + e] = ring[slot_base + ci * kv_chunk_words + k_chunk_words + j * vec + e]
+                    elif not fp8:
                         for j in T.unroll(TRIPLE_WORDS):
                             for e in T.vectorized(vec):
                                 codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + chunk_words + j * vec + e]
@@ -439,7 +478,7 @@ def split_decode(
             step_z=T.alloc_local([1], T.float32),
             p_frag=T.alloc_local([CM * NB * 2], T.uint32),
             ops=T.alloc_local([PAIRS_PER_TRIPLE], T.uint32),
-            codes=T.alloc_local([lane_words], T.uint32),  # one chunk's K or V words of this lane
+            codes=T.alloc_local([k_lane_words], T.uint32),  # one chunk's K or V words of this lane
             meta_cur=T.alloc_local([C * 6], T.float32),  # per chunk: k_norm (x score scale), v_scale, v_zero of tokens r, r + 8
             chunk_ok=T.alloc_local([max(C, 2 * C8)], T.int32),  # TQ3: per chunk; FP8: per token row r, r + 8 of a chunk
             ring=T.alloc_shared([warps * warp_words], T.uint32),
@@ -451,7 +490,7 @@ def split_decode(
             num=T.alloc_local([1], T.float32),
             stat_s=T.alloc_shared([3, warps, G], T.float32),  # m, l, z per warp and head
             split=T.alloc_local([5 if C8 else 4], T.int32),
-            lane_off=T.alloc_local([2], T.int32),
+            lane_off=T.alloc_local([3 if k4 else 2], T.int32),
             ring_at=T.alloc_local([3], T.uint32),
             v_scale=T.alloc_local([1], T.float32),
         )

@@ -8,7 +8,8 @@ TQ3 pages are encoded by the torch codec, so the kernels are checked against the
 from dataclasses import dataclass
 
 import torch
-from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, fp8_quantize, tq3_codebook
+from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, fp8_quantize
+from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.ops import HotPagedKV, Tq3PagedKV, mixed_paged_attention
 
 
@@ -59,7 +60,7 @@ class MixedBatch:
         h, p, d = self.layout.num_kv_heads, self.layout.page_size, self.layout.head_dim
         k_slots = self.k_fp8.view(-1, h, d)
         v_slots = self.v_fp8.view(-1, h, d)
-        book = tq3_codebook(d)
+        book = key_codebook(d, self.layout.key_bits)
         outs, lses = [], []
         for b in range(self.batch):
             pages = self.fp8_page_ids[self.fp8_indptr[b] : self.fp8_indptr[b + 1]].long()
@@ -91,7 +92,7 @@ def tq3_pages_from(
         v.transpose(1, 2),
         layout,
         rotation,
-        tq3_codebook(layout.head_dim),
+        key_codebook(layout.head_dim, layout.key_bits),
         k_scale=k_scale,
         v_scale=v_scale,
     )
@@ -111,14 +112,15 @@ def make_batch(
     spare_pages: int = 3,
     layer_id: int = 0,
     unused_slot_byte: int = 0x7E,
+    key_bits: int = 3,
 ) -> MixedBatch:
     """A batch whose requests own ``fp8_pages_per_req[b]`` FP8 pages (the last filled to
     ``last_page_len[b]``) and ``tq3_pages_per_req[b]`` TQ3 pages, scattered over pools with spare pages.
     The slots past each request's last token hold ``unused_slot_byte`` (default e4m3 448, the largest
-    finite value; 0x7F is NaN)."""
+    finite value; 0x7F is NaN). ``key_bits``: the TQ3 pages' key code width (3, or 4)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     k_scale, v_scale = 0.5, 0.25
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     rotation = LayerRotation(num_kv_heads, head_dim, layer_id=layer_id, seed=seed, device=device)
 
     n_fp8 = sum(fp8_pages_per_req) + spare_pages

@@ -82,6 +82,30 @@ def test_tq3_decode_builds_for_every_page_size(hq: int, h: int, d: int, page: in
     assert f"__launch_bounds__({32 * config['warps']}, {config['min_blocks']})" in src
 
 
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
+def test_decodes_build_for_4bit_keys(hq: int, h: int, d: int, page: int) -> None:
+    # --minima-key-bits 4: a 16-centroid codebook builds the 256-entry key table, key lane streams of
+    # four pieces and the key/value copy with both offsets; the value path is the 3-bit one
+    from minima_kernels import tile_config, tq3_decode_kernel
+    from minima_kernels.common import key_centroids_fp16
+    from minima_kernels.heuristics import fused_build_of
+    from minima_kernels.mixed_decode import mixed_decode_kernel
+
+    config, cents = tile_config(hq // h, page, d), key_centroids_fp16(d, 4)
+    assert len(cents) == 16 and len(key_centroids_fp16(d)) == 8
+    for src in (
+        _compile(tq3_decode_kernel, h, hq // h, d, page, d**-0.5, cents, **config),
+        _compile(mixed_decode_kernel, h, hq // h, d, page, d**-0.5, cents, "bfloat16", **fused_build_of(config, page)),
+    ):
+        body = src.split("namespace minima")[-1]
+        assert f"minima::copy_chunk_kv<{d // 16}, 4, {4 * 32 * d // 16}>(" in body
+        assert "minima::k4_keys(" in body and "minima::tq3_keys(" not in body and "minima::tq3_values(" in body
+        assert "uint32_t table[8192]" in src  # 256 entries x 32 lane columns
+    with pytest.raises(ValueError, match="8 \\(3-bit keys\\) or 16"):
+        tq3_decode_kernel.get_tir(h, hq // h, d, page, d**-0.5, cents[:12], **config)
+
+
 def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:
     from minima_kernels import tq3_decode_kernel
     from minima_kernels.common import key_centroids_fp16

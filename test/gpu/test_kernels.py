@@ -85,6 +85,21 @@ def test_mixed_decode_matches_reference(hq: int, h: int, d: int, p: int, overlap
     _check(batch, out, lse, hq, d)
 
 
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "fused"])
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_decode_reads_4bit_keys(hq: int, h: int, d: int, p: int, fp8_kernel: str) -> None:
+    # --minima-key-bits 4: the TQ3 decode (two-launch) and the fused decode over 4-bit-key pages
+    # against the torch reference over the same pages, and the 3-bit reference is not it
+    from kv_fixtures import make_batch
+
+    batch = make_batch(hq, h, d, p, [1, 3, 2, 1], [9, 0, 5, 13], [1, p - 1, p, 7], seed=hq + p + 4, key_bits=4)
+    wrapper = _wrapper(hq, h, d, p, fp8_kernel, key_bits=4)
+    out, lse = _run_poisoned(wrapper, batch)
+    _check(batch, out, lse, hq, d)
+    kernel = wrapper.decode.kernel if isinstance(wrapper.decode, FusedDecode) else wrapper.decode.tq3_kernel
+    assert "k4_keys" in kernel.get_kernel_source()
+
+
 @pytest.mark.parametrize("tq3_config", [{"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1}], ids=["4w2b", "8w1b"])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
 def test_mixed_decode_with_another_tq3_build(hq: int, h: int, d: int, p: int, tq3_config: dict) -> None:
