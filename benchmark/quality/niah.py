@@ -311,8 +311,9 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 macro_diffs.setdefault(arm, []).append(diffs)
         for arm, per_cell in macro_diffs.items():
             arm_cells = [c for c in result["cells"] if c["chunk"] == chunk and c["arm"] == arm]
+            selected = {ex.key for ex in examples}
             run_groups = {r.get("group", k): r["routes"] for k, r in answers[Run(arm, chunk).label].items()
-                          if r["routes"] is not None}
+                          if r["routes"] is not None and k in selected}
             hot_tok = sum(r["route_hot_tokens"] for r in run_groups.values())
             tq3_tok = sum(r["route_tq3_tokens"] for r in run_groups.values())
             result["macro"][f"{arm}@{chunk}"] = {

@@ -86,7 +86,9 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
     """Teacher-forced log-probs of the windows of ``run`` not yet in its JSONL."""
     path = args.out / "nll" / f"{run.label}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = {json.loads(line)["window"] for line in path.read_text().splitlines()} if path.exists() else set()
+    # a window is done when answered for this text and window, with the asked generation
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    done = {r["window"] for r in records if _matches(r, args)}
     todo = [i for i in range(len(windows)) if i not in done]
     if not todo:
         return
@@ -104,7 +106,10 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
                 r.raise_for_status()
                 # position 0 has no log-prob (nothing before it): tokens 1 .. window-1
                 logprobs = [t[0] for t in r.json()["meta_info"]["input_token_logprobs"][1:]]
-                record = {"window": i, "tokens": len(logprobs), "nll": [-x for x in logprobs]}
+                cur = niah.minima_stats(server.url)
+                record = {"window": i, "text": args.text, "tokens": len(logprobs), "nll": [-x for x in logprobs],
+                          "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur}}  # the prefill's
+                prev = cur
                 if args.generate_tokens:  # the window as a prompt, alone (nothing cached): greedy, EOS ignored
                     requests.post(server.url + "/flush_cache", timeout=60)
                     r = requests.post(server.url + "/generate", timeout=3600, json={
@@ -114,29 +119,36 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
                     })
                     r.raise_for_status()
                     record["generated"] = r.json()["output_ids"]
-                cur = niah.minima_stats(server.url)
-                f.write(json.dumps(record | {
-                    "seconds": round(time.time() - t0, 3),
-                    "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur},
-                }) + "\n")
+                    cur = niah.minima_stats(server.url)
+                    record["generation_routes"] = None if cur is None else {k: cur[k] - prev[k] for k in cur}
+                    prev = cur
+                f.write(json.dumps(record | {"seconds": round(time.time() - t0, 3)}) + "\n")
                 f.flush()
-                prev = cur
     finally:
         server.stop()
 
 
-def load(out: Path, run: niah.Run) -> dict[int, dict]:
+def _matches(record: dict, args: argparse.Namespace) -> bool:
+    """A record answers this run's question: the same text and window, and a generation as long as
+    asked for (records from before --text and --generate-tokens are the essays', without one)."""
+    return (record.get("text", "essays") == args.text and record["tokens"] == args.window - 1
+            and len(record.get("generated", ())) == args.generate_tokens)
+
+
+def load(out: Path, run: niah.Run, text: str = "essays") -> dict[int, dict]:
+    """The run's last record per window, of ``text``."""
     path = out / "nll" / f"{run.label}.jsonl"
-    return {r["window"]: r for r in map(json.loads, path.read_text().splitlines())} if path.exists() else {}
+    records = map(json.loads, path.read_text().splitlines()) if path.exists() else ()
+    return {r["window"]: r for r in records if r.get("text", "essays") == text}
 
 
 def report(runs: list[niah.Run], args: argparse.Namespace) -> dict:
     import numpy as np
 
-    ref = load(args.out, niah.Run(args.reference, args.chunk))
+    ref = load(args.out, niah.Run(args.reference, args.chunk), args.text)
     rows = []
     for run in runs:
-        got = load(args.out, run)
+        got = load(args.out, run, args.text)
         common = sorted(set(got) & set(ref))
         nll = [x for w in sorted(got) for x in got[w]["nll"]]
         row = {"run": run.label, "windows": len(got), "tokens": len(nll),
@@ -144,7 +156,11 @@ def report(runs: list[niah.Run], args: argparse.Namespace) -> dict:
                "windows_without_tq3": sum(1 for w in got.values()
                                           if w["routes"] is not None and w["routes"]["route_tq3_tokens"] == 0),
                "tq3_tokens_read": sum(w["routes"]["route_tq3_tokens"] for w in got.values() if w["routes"]),
-               "pages_converted": sum(w["routes"]["retier_pages"] for w in got.values() if w["routes"])}
+               "pages_converted": sum(w["routes"]["retier_pages"] for w in got.values() if w["routes"]),
+               # the generations' decode reads (records from before this split count them in tq3_tokens_read)
+               "generation_tq3_tokens_read": (
+                   sum(w["generation_routes"]["route_tq3_tokens"] for w in got.values() if w.get("generation_routes"))
+                   if any(w.get("generation_routes") for w in got.values()) else None)}
         row["perplexity"] = math.exp(row["mean_nll"]) if nll else math.nan
         if run.arm != args.reference and common:
             # per window: (sum of per-token ΔNLL, tokens); the bootstrap resamples windows
@@ -202,13 +218,14 @@ def write(result: dict, out: Path) -> None:
     gen = [r for r in result["rows"] if "token_agreement" in r]
     if gen:
         lines += ["", f"Greedy generations from each window, against `{result['reference']}`'s:", "",
-                  "| run | generations x tokens | token agreement [95% CI] | mean first divergence | identical |",
-                  "|---|---|---|---|---|"]
+                  "| run | generations x tokens | token agreement [95% CI] | mean first divergence | identical "
+                  "| TQ3 tokens read by the generations |", "|---|---|---|---|---|---|"]
         for r in gen:
             lo, hi = r["token_agreement_ci"]
             lines.append(f"| {r['run']} | {r['generations']} x {r['generated_tokens'] // r['generations']} | "
                          f"{100 * r['token_agreement']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] | "
-                         f"{r['first_divergence_mean']:.0f} | {r['identical_generations']} |")
+                         f"{r['first_divergence_mean']:.0f} | {r['identical_generations']} | "
+                         f"{'counted with the prefill' if r['generation_tq3_tokens_read'] is None else r['generation_tq3_tokens_read']} |")
     (out / "perplexity.md").write_text("\n".join(lines) + "\n")
 
 

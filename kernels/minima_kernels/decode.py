@@ -208,7 +208,7 @@ class MinimaDecodeWrapper:
             raise ValueError("every request needs at least one FP8 or TQ3 page")
         num_fp8_pages, has_tq3 = int(fp8_indptr[-1]), int(tq3_indptr[-1]) > 0
         max_fp8_pages = max(fp8_counts.tolist(), default=0)
-        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config} if has_tq3 else None
+        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch, self.layout.key_bits), **self._tq3_config} if has_tq3 else None
         path = choose_path(
             self.fp8_kernel,
             batch=batch,
@@ -264,7 +264,7 @@ class MinimaDecodeWrapper:
         for name, t in zip(names, lists):
             if t.device != self.device or t.dtype != torch.int32:
                 raise ValueError(f"plan_graph: {name} must be int32 on {self.device} (read in place), got {t.dtype} on {t.device}")
-        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch), **self._tq3_config}
+        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch, self.layout.key_bits), **self._tq3_config}
         tq3_splits, fp8_splits = graph_splits(batch, self.num_kv_heads, max_pages, self.page_size, tq3_build, self.num_sms)
         path = DecodePath(fused=True, tilelang_fp8=False, tq3_splits=tq3_splits, fp8_splits=fp8_splits)
         kernels = self._path_kernels(path, True, tq3_build, None)
@@ -368,7 +368,7 @@ class MinimaDecodeWrapper:
         builds made (0 when all were built)."""
         builds = compile_builds(
             self.fp8_kernel, self.group_size, self.page_size, self.head_dim, self.fp8_page_size,
-            self._tq3_config, self._fp8_config,
+            self._tq3_config, self._fp8_config, self.layout.key_bits,
         )
         todo = [(kernel, build) for kernel, build in builds if _build_key(build) not in self._kernels[kernel]]
         with ThreadPoolExecutor(max(1, min(max_workers, len(todo)))) as pool:

@@ -60,7 +60,35 @@ def device_sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int | None = None) -> dict[str, int]:
+# Shared memory of an H200 SM and the most one CTA may take (sm_90: 228 KB and 227 KB, 1 KB of
+# each SM's reserved per resident CTA)
+SM_SHARED_BYTES = 228 * 1024
+CTA_SHARED_BYTES = 227 * 1024
+CTA_RESERVED_SHARED_BYTES = 1024
+KEY_TABLE_BYTES = {3: 16 * 1024, 4: 32 * 1024}  # the key table (3-bit: 8 KB aligned inside 16 KB, device_source.py)
+
+
+def decode_shared_bytes(head_dim: int, page_size: int, build: dict[str, int], key_bits: int = 3,
+                        fp8_step_chunks: int = 0, group_size: int = 8) -> int:
+    """Shared memory of one CTA of the TQ3 split decode (``fp8_step_chunks`` 0) or of the fused
+    decode, as split_decode.py allocates it: the warps' chunk rings (each the larger role's, or the
+    output rows of the combine), the metadata ring, the combine's statistics and the key table."""
+    from sglang_minima.codec.layout import lane_words
+
+    from .device_source import fp8_chunk_bytes
+
+    warps, stages, c = build["warps"], build.get("stages", 2), build["step_chunks"]
+    chunk_words = 32 * (lane_words(head_dim) + lane_words(head_dim, key_bits))  # K and V codes
+    fp8_words = fp8_step_chunks * fp8_chunk_bytes(head_dim) // 4
+    group = max(group_size, 1)  # the combine's output rows and statistics: the GQA group's heads
+    warp_words = max(stages * c * chunk_words, stages * fp8_words, group * head_dim)
+    meta = warps * stages * c * 3 * CHUNK_TOKENS * 2
+    stats = 3 * warps * group * 4
+    return 4 * warps * warp_words + meta + stats + KEY_TABLE_BYTES[key_bits]
+
+
+def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int | None = None,
+                key_bits: int = 3) -> dict[str, int]:
     """Build options for a (GQA group, page size, head dim, batch size): warps per CTA, resident CTAs
     per SM and chunks per softmax step, as measured best on the H200 (docs/results/kernels.md). The main
     loop is latency-bound, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2
@@ -72,14 +100,30 @@ def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int
     beside the FP8 decode's, and a TQ3 build that takes every register of an SM makes the two kernels
     take turns. 8 warps per SM (head dims 256 and 64) leave registers for the FP8 decode's CTAs: 24q/4kv/256
     x 128K 81.8 -> 76.6 us, 9q/3kv/64 x 32K 26.0 -> 24.4 us; head dim 128 was slower with 8 (39.3 -> 43.3 us)."""
-    del group_size, page_size  # one tile shape serves all: 16-token chunks, 8-head MMA tiles
+    # one tile shape serves every group and page size (16-token chunks, 8-head MMA tiles); both
+    # count only in the shared memory of 4-bit keys' builds
     if head_dim >= 256:
-        return {"warps": 8 if batch == 1 else 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}
-    if head_dim >= 128:
-        return {"warps": 8, "min_blocks": 2, "step_chunks": STEP_CHUNKS}
-    if batch == 1:
-        return {"warps": 8, "min_blocks": 1, "step_chunks": 2 * STEP_CHUNKS}
-    return {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
+        build = {"warps": 8 if batch == 1 else 12, "min_blocks": 1, "step_chunks": STEP_CHUNKS}
+    elif head_dim >= 128:
+        build = {"warps": 8, "min_blocks": 2, "step_chunks": STEP_CHUNKS}
+    elif batch == 1:
+        build = {"warps": 8, "min_blocks": 1, "step_chunks": 2 * STEP_CHUNKS}
+    else:
+        build = {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
+    if key_bits == 3:
+        return build
+    # 4-bit keys (not tuned on a GPU yet): a 32 KB key table and a third more key words per slot. The
+    # fused twin of the build (the larger) must fit a CTA's shared memory, and min_blocks of them an SM.
+    fused = fused_build_of(build, page_size)["fp8_step_chunks"]
+
+    def shared() -> int:
+        return decode_shared_bytes(head_dim, page_size, build, key_bits, fused, group_size or 8)
+
+    while shared() > CTA_SHARED_BYTES and build["warps"] > 4:
+        build["warps"] -= 4
+    while build["min_blocks"] > 1 and build["min_blocks"] * (shared() + CTA_RESERVED_SHARED_BYTES) > SM_SHARED_BYTES:
+        build["min_blocks"] -= 1
+    return build
 
 
 def tilelang_fp8_preferred(fp8_slots: int, head_dim: int) -> bool:
@@ -200,6 +244,7 @@ def compile_builds(
     fp8_page_size: int,
     tq3_config: dict[str, int] | None = None,
     fp8_config: dict[str, int] | None = None,
+    key_bits: int = 3,
 ) -> list[tuple[str, dict[str, int]]]:
     """Every TileLang build that ``MinimaDecodeWrapper.plan`` may pick under ``fp8_kernel``, as
     (kernel, build) with kernel "tq3" (``tq3_decode_kernel``), "mixed" (``mixed_decode_kernel``) or
@@ -208,7 +253,7 @@ def compile_builds(
     steps where the TileLang FP8 decode does. ``*_config``: the wrapper's overrides."""
     builds: list[tuple[str, dict[str, int]]] = []
     for batch in (1, None):
-        tq3_build = {**tile_config(group_size, page_size, head_dim, batch), **(tq3_config or {})}
+        tq3_build = {**tile_config(group_size, page_size, head_dim, batch, key_bits), **(tq3_config or {})}
         builds.append(("tq3", tq3_build))
         if fp8_kernel in ("auto", "fused") and fp8_page_size == page_size:
             builds.append(("mixed", fused_build_of(tq3_build, page_size)))

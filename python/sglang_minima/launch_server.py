@@ -107,7 +107,9 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
     _check_kernel_backend(config, sglang_argv, on_cpu)
     backend = _default_backend(config, on_cpu)
     decode_backend = _decode_backend(sglang_argv, backend)
-    _check_graphs(sglang_argv, decode_backend)
+    prefill_backend = (_flag_value(sglang_argv, "--prefill-attention-backend")
+                       or _flag_value(sglang_argv, "--attention-backend") or backend)
+    _check_graphs(sglang_argv, decode_backend, prefill_backend)
     sglang_argv += _default_flags(sglang_argv, on_cpu, backend, decode_backend)
     set_active_config(config)
     return config, sglang_argv
@@ -207,7 +209,7 @@ def _decode_backend(argv: list[str], default: str) -> str:
     return _flag_value(argv, "--decode-attention-backend") or _flag_value(argv, "--attention-backend") or default
 
 
-def _check_graphs(argv: list[str], backend: str) -> None:
+def _check_graphs(argv: list[str], backend: str, prefill_backend: str) -> None:
     """CUDA graphs asked for where Minima cannot be captured: extend batches captured whole (both
     backends plan them on the host; ``minima`` serves SGLang's breakable prefill graphs, whose
     attention calls run eagerly), and decode batches on ``minima_native`` (host page lists per
@@ -216,7 +218,7 @@ def _check_graphs(argv: list[str], backend: str) -> None:
         value = _flag_value(argv, flag)
         if value in (None, "disabled") or (flag.endswith("decode") and backend == MINIMA_BACKEND and value == "full"):
             continue
-        if flag.endswith("prefill") and backend == MINIMA_BACKEND and value == "breakable":
+        if flag.endswith("prefill") and prefill_backend == MINIMA_BACKEND and value == "breakable":
             continue
         if flag.endswith("prefill"):
             why = ("Minima plans extend and prefill batches on the host, which a whole-forward CUDA graph cannot "

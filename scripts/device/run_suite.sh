@@ -116,7 +116,7 @@ niah)
   ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
   python3 benchmark/quality/niah.py --report-only --out "$WORK/niah" --arms "$arms" --reference "$ref" $nargs \
     > "$WORK/niah-report.log" 2>&1
-  cp "$WORK"/niah/niah.{json,md,png} "$OUT"/ 2>/dev/null
+  cp "$WORK"/niah/niah.{json,md,png} "$WORK"/niah/niah_frontier.png "$OUT"/ 2>/dev/null
   tar -czf "$OUT/niah-answers.tar.gz" -C "$WORK/niah" answers
   tail -c 3000 "$WORK/niah-report.log"
   ;;

@@ -186,3 +186,27 @@ def test_compile_builds_cover_every_path_choice() -> None:
     over = compile_builds("auto", 4, 64, 128, 64, tq3_config={"warps": 4}, fp8_config={"stages": 3})
     assert all(b["warps"] == 4 for k, b in over if k in ("tq3", "mixed"))
     assert all(b["stages"] == 3 for k, b in over if k == "fp8")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("batch", [None, 1])
+def test_4bit_key_builds_fit_the_shared_memory_of_an_sm(head_dim: int, page_size: int, batch: int | None) -> None:
+    # 4-bit keys add a 32 KB key table and a third more key words per ring slot: the fused twin of
+    # each build (the larger) fits one CTA, and min_blocks of them an SM; 3-bit builds are unchanged
+    from minima_kernels.heuristics import (
+        CTA_RESERVED_SHARED_BYTES, CTA_SHARED_BYTES, SM_SHARED_BYTES, decode_shared_bytes, fused_build_of, tile_config,
+    )
+
+    group = 8
+    old, new = tile_config(group, page_size, head_dim, batch), tile_config(group, page_size, head_dim, batch, 4)
+    assert tile_config(group, page_size, head_dim, batch, 3) == old
+    fused = fused_build_of(new, page_size)["fp8_step_chunks"]
+    shared = decode_shared_bytes(head_dim, page_size, new, 4, fused, group)
+    assert shared <= CTA_SHARED_BYTES and new["min_blocks"] * (shared + CTA_RESERVED_SHARED_BYTES) <= SM_SHARED_BYTES
+    assert shared >= decode_shared_bytes(head_dim, page_size, new, 3, fused, group) + 16 * 1024  # the table, the key words
+    assert new["step_chunks"] == old["step_chunks"] and new["warps"] * new["step_chunks"] % (page_size // 16) == 0
+    if head_dim == 256 and batch is None:  # 12 warps' rings and the table would need 236 KB
+        assert (old["warps"], new["warps"]) == (12, 8)
+    if head_dim == 64 and batch is None:  # four 63 KB CTAs do not fit an SM
+        assert (old["min_blocks"], new["min_blocks"]) == (4, 3)

@@ -143,6 +143,8 @@ def test_help_lists_minima_and_sglang_flags(monkeypatch, capsys):
     ([], "--cuda-graph-backend-prefill", "full"),
     ([], "--cuda-graph-backend-decode", "breakable"),
     (["--attention-backend", "minima_native"], "--cuda-graph-backend-prefill", "breakable"),
+    (["--prefill-attention-backend", "minima_native"], "--cuda-graph-backend-prefill", "breakable"),
+    (["--attention-backend", "minima_native", "--decode-attention-backend", "minima"], "--cuda-graph-backend-prefill", "breakable"),
     (["--attention-backend", "minima_native"], "--cuda-graph-backend-decode", "full"),
     (["--minima-hot-dtype", "auto"], "--cuda-graph-backend-decode", "full"),  # picks minima_native
 ])

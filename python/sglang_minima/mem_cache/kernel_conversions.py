@@ -49,10 +49,12 @@ class KernelConversions:
         key = (float(self.store.k_scales[layer]), float(self.store.v_scales[layer]))
         cached = self._scales[layer]
         if cached is None or cached[0] != key:
-            # filled on the device: copying a host tensor would wait for the conversion stream, i.e.
-            # for the forward it waits on, and a launch would no longer return before its copy ran
+            # filled on the device (fill_ takes the value as a kernel argument): a host tensor's copy,
+            # `scales[0] = k` included, would wait for the conversion stream, i.e. for the forward it
+            # waits on, and a launch would no longer return before its copy ran
             scales = torch.empty(2, dtype=torch.float32, device=self.store.device)
-            scales[0], scales[1] = key
+            scales[:1].fill_(key[0])
+            scales[1:].fill_(key[1])
             cached = (key, scales)
             self._scales[layer] = cached
         return cached[1]
