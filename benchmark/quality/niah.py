@@ -291,10 +291,9 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 paired = [k for k in ks if k in ref]
                 diffs = [got[k]["score"] - ref[k]["score"] for k in paired]
                 # one entry per group (an example answered alone is its own group)
-                groups = {got[k].get("group", k): (got[k]["routes"], got[k].get("group_size", 1))
-                          for k in ks if got[k]["routes"] is not None}
-                tq3 = sum(r["route_tq3_pages"] for r, _ in groups.values())
-                hot = sum(r["route_hot_pages"] for r, _ in groups.values())
+                groups = {got[k].get("group", k): got[k]["routes"] for k in ks if got[k]["routes"] is not None}
+                tq3 = sum(r["route_tq3_pages"] for r in groups.values())
+                hot = sum(r["route_hot_pages"] for r in groups.values())
                 cell = {
                     "chunk": chunk, "task": task, "length": length, "arm": arm, "n": len(ks),
                     "score": sum(got[k]["score"] for k in ks) / len(ks),
@@ -304,7 +303,8 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                     "converts": ARMS[arm].converts,
                     "tq3_page_share": tq3 / (tq3 + hot) if tq3 + hot else None,
                     # examples answered in a group that read TQ3 pages (alone: that read them)
-                    "examples_reading_tq3": sum(n for r, n in groups.values() if r["route_tq3_pages"] > 0),
+                    "examples_reading_tq3": sum(got[k]["routes"] is not None and got[k]["routes"]["route_tq3_pages"] > 0
+                                                for k in ks),
                     "tq3_read": tq3 > 0,
                 }
                 result["cells"].append(cell)
