@@ -152,6 +152,17 @@ def minima_stats(url: str) -> dict[str, int] | None:
     return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"])}
 
 
+def stats_delta(prev: dict[str, int] | None, cur: dict[str, int] | None) -> dict[str, int] | None:
+    """What ``minima_stats`` counted between two reads (None: not a Minima server)."""
+    return None if cur is None else {k: cur[k] - prev[k] for k in cur}
+
+
+def group_routes(records: dict[str, dict]) -> dict[str, dict]:
+    """Route-counter deltas once per group of ``records`` (by key; an example answered alone is its
+    own group): every example of a group carries its group's delta."""
+    return {r.get("group", k): r["routes"] for k, r in records.items() if r["routes"] is not None}
+
+
 def launch_arm(run: Run, args: argparse.Namespace):
     """The server of ``run``'s arm and chunk size, its log at OUT/logs/<arm>@<chunk>.log."""
     from minima_test_support.server import launch
@@ -210,7 +221,7 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
                 prev = minima_stats(url)
                 outs = list(pool.map(lambda ex: generate_one(url, ex, args.max_new_tokens), group))
                 cur = minima_stats(url)
-                routes = None if cur is None else {k: cur[k] - prev[k] for k in cur}
+                routes = stats_delta(prev, cur)
                 for ex, (out, seconds) in zip(group, outs):
                     f.write(json.dumps({
                         "key": ex.key, "task": ex.task, "length": ex.length, "index": ex.index,
@@ -279,6 +290,7 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
     cells = sorted({(ex.task, ex.length) for ex in examples}, key=lambda c: (c[1], list(TASKS).index(c[0])))
     keys = {c: [ex.key for ex in examples if (ex.task, ex.length) == c] for c in cells}
     result: dict = {"cells": [], "macro": {}, "reference": args.reference}
+    selected = {ex.key for ex in examples}
     for chunk in args.chunked_prefill_sizes:
         ref = answers.get(Run(args.reference, chunk).label, {})
         macro_diffs: dict[str, list[list[float]]] = {}
@@ -290,8 +302,7 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                     continue
                 paired = [k for k in ks if k in ref]
                 diffs = [got[k]["score"] - ref[k]["score"] for k in paired]
-                # one entry per group (an example answered alone is its own group)
-                groups = {got[k].get("group", k): got[k]["routes"] for k in ks if got[k]["routes"] is not None}
+                groups = group_routes({k: got[k] for k in ks})
                 tq3 = sum(r["route_tq3_pages"] for r in groups.values())
                 hot = sum(r["route_hot_pages"] for r in groups.values())
                 cell = {
@@ -311,9 +322,8 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 macro_diffs.setdefault(arm, []).append(diffs)
         for arm, per_cell in macro_diffs.items():
             arm_cells = [c for c in result["cells"] if c["chunk"] == chunk and c["arm"] == arm]
-            selected = {ex.key for ex in examples}
-            run_groups = {r.get("group", k): r["routes"] for k, r in answers[Run(arm, chunk).label].items()
-                          if r["routes"] is not None and k in selected}
+            got = answers[Run(arm, chunk).label]
+            run_groups = group_routes({k: got[k] for k in selected if k in got})
             hot_tok = sum(r["route_hot_tokens"] for r in run_groups.values())
             tq3_tok = sum(r["route_tq3_tokens"] for r in run_groups.values())
             result["macro"][f"{arm}@{chunk}"] = {

@@ -108,7 +108,7 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
                 logprobs = [t[0] for t in r.json()["meta_info"]["input_token_logprobs"][1:]]
                 cur = niah.minima_stats(server.url)
                 record = {"window": i, "text": args.text, "tokens": len(logprobs), "nll": [-x for x in logprobs],
-                          "routes": None if cur is None else {k: cur[k] - prev[k] for k in cur}}  # the prefill's
+                          "routes": niah.stats_delta(prev, cur)}  # the prefill's
                 prev = cur
                 if args.generate_tokens:  # the window as a prompt, alone (nothing cached): greedy, EOS ignored
                     requests.post(server.url + "/flush_cache", timeout=60)
@@ -120,7 +120,7 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
                     r.raise_for_status()
                     record["generated"] = r.json()["output_ids"]
                     cur = niah.minima_stats(server.url)
-                    record["generation_routes"] = None if cur is None else {k: cur[k] - prev[k] for k in cur}
+                    record["generation_routes"] = niah.stats_delta(prev, cur)
                     prev = cur
                 f.write(json.dumps(record | {"seconds": round(time.time() - t0, 3)}) + "\n")
                 f.flush()

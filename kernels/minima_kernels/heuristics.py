@@ -9,9 +9,10 @@ test/kernels/test_heuristics.py checks them on CPU.
 
 from dataclasses import dataclass
 
-from sglang_minima.codec.layout import CHUNK_TOKENS
+from sglang_minima.codec.layout import CHUNK_TOKENS, lane_words
 
 from .common import FP8_HEADS_PER_TILE, MAX_SPLITS, TWO_PAGE_STEP_MAX_HEAD_DIM
+from .device_source import fp8_chunk_bytes
 
 WARPS = 4  # the TQ3 decode's default build
 STEP_CHUNKS = 2  # 16-token chunks per online-softmax step
@@ -73,10 +74,6 @@ def decode_shared_bytes(head_dim: int, page_size: int, build: dict[str, int], ke
     """Shared memory of one CTA of the TQ3 split decode (``fp8_step_chunks`` 0) or of the fused
     decode, as split_decode.py allocates it: the warps' chunk rings (each the larger role's, or the
     output rows of the combine), the metadata ring, the combine's statistics and the key table."""
-    from sglang_minima.codec.layout import lane_words
-
-    from .device_source import fp8_chunk_bytes
-
     warps, stages, c = build["warps"], build.get("stages", 2), build["step_chunks"]
     chunk_words = 32 * (lane_words(head_dim) + lane_words(head_dim, key_bits))  # K and V codes
     fp8_words = fp8_step_chunks * fp8_chunk_bytes(head_dim) // 4

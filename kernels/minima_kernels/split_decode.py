@@ -247,26 +247,17 @@ def split_decode(
                             lane,
                             split[4] - ((warp + it * warps) * c + ci) * CHUNK_TOKENS,
                         )
-                    elif (not jagged or (warp + it * warps) * c + ci < n_chunks) and k4:
+                    elif not jagged or (warp + it * warps) * c + ci < n_chunks:
+                        code_offsets = [lane_off[0] + (ci % chunks_per_page) * k_chunk_words * 4]
+                        if k4:  # the value streams' own offset (3-bit: a constant past the keys')
+                            code_offsets.append(lane_off[2] + (ci % chunks_per_page) * chunk_words * 4)
                         T.call_extern(
                             "handle",
                             copy_chunk,
                             ring_at[0] + (slot * slot_words + ci * kv_chunk_words) * 4,
                             ring_at[1] + ((slot * C + ci) * chunk_meta) * 2,
                             T.address_of(pool[page, 0]),
-                            lane_off[0] + (ci % chunks_per_page) * k_chunk_words * 4,
-                            lane_off[2] + (ci % chunks_per_page) * chunk_words * 4,
-                            lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
-                            lane < 24,
-                        )
-                    elif not jagged or (warp + it * warps) * c + ci < n_chunks:
-                        T.call_extern(
-                            "handle",
-                            copy_chunk,
-                            ring_at[0] + (slot * slot_words + ci * 2 * chunk_words) * 4,
-                            ring_at[1] + ((slot * C + ci) * chunk_meta) * 2,
-                            T.address_of(pool[page, 0]),
-                            lane_off[0] + (ci % chunks_per_page) * chunk_words * 4,
+                            *code_offsets,
                             lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
                             lane < 24,
                         )
@@ -303,14 +294,10 @@ def split_decode(
                                 meta_cur[ci * 6 + 4 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 4 + j], 0)
                 # scores^T = K . q'^T per chunk, 64 dims at a time (4 k-blocks of 16 dims each)
                 for ci in T.unroll(c):
-                    if not fp8 and k4:
+                    if not fp8:
                         for j in T.unroll(k_pieces):
                             for e in T.vectorized(vec):
                                 codes[j * vec + e] = ring[k_slot_base + ci * kv_chunk_words + j * vec + e]
-                    elif not fp8:
-                        for j in T.unroll(TRIPLE_WORDS):
-                            for e in T.vectorized(vec):
-                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + j * vec + e]
                     for i in T.unroll(chains * NB * 4):
                         acc_k[ci * chains * NB * 4 + i] = 0
                     for tr in T.unroll(triples):
@@ -390,14 +377,10 @@ def split_decode(
                                 acc_o[(mb * NB + nb) * 4 + i] *= alpha[nb * 2 + i % 2]
                 # out'^T += V^T . (p * v_scale)^T, chunk by chunk
                 for ci in T.unroll(c):
-                    if not fp8 and k4:
+                    if not fp8:
                         for j in T.unroll(TRIPLE_WORDS):
                             for e in T.vectorized(vec):
                                 codes[j * vec + e] = ring[slot_base + ci * kv_chunk_words + k_chunk_words + j * vec + e]
-                    elif not fp8:
-                        for j in T.unroll(TRIPLE_WORDS):
-                            for e in T.vectorized(vec):
-                                codes[j * vec + e] = ring[slot_base + ci * 2 * chunk_words + chunk_words + j * vec + e]
                     for tr in T.unroll(triples):
                         if fp8:
                             T.call_extern("handle", "minima::fp8_values", chunk_at + ci * fp8_chunk_words * 4, r, t, tr, T.address_of(ops[0]))

@@ -106,9 +106,8 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
         sglang_argv += ["--model-path", str(ensure_default_model())]
     _check_kernel_backend(config, sglang_argv, on_cpu)
     backend = _default_backend(config, on_cpu)
-    decode_backend = _decode_backend(sglang_argv, backend)
-    prefill_backend = (_flag_value(sglang_argv, "--prefill-attention-backend")
-                       or _flag_value(sglang_argv, "--attention-backend") or backend)
+    decode_backend = _phase_backend(sglang_argv, "decode", backend)
+    prefill_backend = _phase_backend(sglang_argv, "prefill", backend)
     _check_graphs(sglang_argv, decode_backend, prefill_backend)
     sglang_argv += _default_flags(sglang_argv, on_cpu, backend, decode_backend)
     set_active_config(config)
@@ -204,9 +203,10 @@ def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -
             raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
 
 
-def _decode_backend(argv: list[str], default: str) -> str:
-    """The backend decode batches run on: the one given, else ``default``."""
-    return _flag_value(argv, "--decode-attention-backend") or _flag_value(argv, "--attention-backend") or default
+def _phase_backend(argv: list[str], phase: str, default: str) -> str:
+    """The backend ``phase`` ("decode" or "prefill") batches run on: the one given for it, else the
+    one given for both, else ``default``."""
+    return _flag_value(argv, f"--{phase}-attention-backend") or _flag_value(argv, "--attention-backend") or default
 
 
 def _check_graphs(argv: list[str], backend: str, prefill_backend: str) -> None:
