@@ -177,8 +177,6 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append(f"--minima-hot-dtype {config.hot_dtype} (the kernels read FP8 hot pages)")
     if config.attention_score_anchors:
         limits.append("--minima-attention-score-anchors (the kernels collect no page scores)")
-    if config.key_bits != 3:
-        limits.append(f"--minima-key-bits {config.key_bits} (the kernels read 3-bit keys)")
     return limits
 
 

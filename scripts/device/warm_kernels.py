@@ -134,18 +134,22 @@ def flashinfer_jobs(geometries=BENCH_GEOMETRIES):
             yield f"flashinfer {hq}/{h}/{d} {dtype} tensor_cores={tensor_cores}", build
 
 
-def serving_jobs(geometries=SERVING_GEOMETRIES):
+def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=(3,)):
     """The kernels a server builds for the device e2e suite's models: the decode kernels
-    (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does), the pool's
-    conversions and the prefill's FlashInfer modules, so its servers find them built."""
+    (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does, for each of
+    ``key_bits``: ``--minima-key-bits``), the pool's conversions and the prefill's FlashInfer modules,
+    so its servers find them built."""
     from minima_kernels import MinimaDecodeWrapper
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     for hq, h, d, p in geometries:
-        yield (
-            f"serving decode {hq}/{h}/{d}/p{p}",
-            lambda hq=hq, h=h, d=d, p=p: MinimaDecodeWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5).compile(),
-        )
+        for bits in key_bits:
+            yield (
+                f"serving decode {hq}/{h}/{d}/p{p} k{bits}",
+                lambda hq=hq, h=h, d=d, p=p, bits=bits: MinimaDecodeWrapper(
+                    workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=bits
+                ).compile(),
+            )
         # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's pool is made
         yield f"serving retier {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).encode_kernel
         yield f"serving promote {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).decode_kernel
@@ -172,13 +176,17 @@ def main() -> int:
     t0 = time.time()
     if "--serving" in sys.argv:
         # --geometries HQ/H/D/P,...: only these (e.g. 9/3/64/64, SmolLM2's), with the FlashInfer decode
-        # modules SGLang's own FP8 arm loads, so both kinds of server start warm
+        # modules SGLang's own FP8 arm loads, so both kinds of server start warm; --key-bits 3,4: the
+        # decode builds of each key width (default 3)
+        bits = (3,)
+        if "--key-bits" in sys.argv:
+            bits = tuple(int(b) for b in sys.argv[sys.argv.index("--key-bits") + 1].split(","))
         if "--geometries" in sys.argv:
             spec = sys.argv[sys.argv.index("--geometries") + 1]
             geometries = [tuple(int(x) for x in g.split("/")) for g in spec.split(",")]
-            jobs = list(serving_jobs(geometries)) + list(flashinfer_jobs(geometries))
+            jobs = list(serving_jobs(geometries, bits)) + list(flashinfer_jobs(geometries))
         else:
-            jobs = list(serving_jobs())
+            jobs = list(serving_jobs(key_bits=bits))
     elif "--tests" in sys.argv:  # test/gpu/test_kernels.py's kernels alone (no benchmark builds)
         jobs = list(tilelang_jobs(False, TEST_GEOMETRIES)) + list(flashinfer_jobs(TEST_GEOMETRIES))
     elif "--variants-only" in sys.argv:  # for bench_decode.py --variants-only

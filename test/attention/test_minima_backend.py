@@ -22,8 +22,9 @@ def test_refuses_the_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_kernel_decode_matches_minima_native(monkeypatch):
-    h = Harness.real(monkeypatch, device="cuda")
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_kernel_decode_matches_minima_native(monkeypatch, key_bits):
+    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits)
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
     h.step({1: 3 * PS + 1, 2: 5 * PS + 2, 3: PS - 3}, ForwardMode.EXTEND)
     h.retier_prefix(1, 2, skip_first=1)  # row 1: FP8 sink page, 2 TQ3 pages, FP8 tail
@@ -40,6 +41,7 @@ def test_kernel_decode_matches_minima_native(monkeypatch):
             # the kernels take bf16 queries and give bf16 outputs: bf16 tolerance
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert kernels._wrapper is not None and h.pool.stats.fallbacks == 0
+    assert kernels._wrapper.layout.key_bits == key_bits
 
 
 @pytest.mark.gpu
@@ -68,7 +70,8 @@ def test_a_step_the_kernels_refuse_is_attended_by_the_torch_path_and_counted(mon
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypatch):
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypatch, key_bits):
     """SGLang's decode-graph protocol (init_cuda_graph_state; per batch size out_graph with
     in_capture, an eager warm-up, the capture of in_graph + every layer; per step out_graph and
     replay) over static batch buffers with a padding row: each replay matches minima_native's eager
@@ -77,7 +80,7 @@ def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypat
     graph are the eager host counts, padding row left out."""
     from test_minima_native_backend import HQ, D
 
-    h = Harness.real(monkeypatch, device="cuda")
+    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits)
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
     bs, dev = 4, h.device
     kernels.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs)
@@ -150,13 +153,14 @@ def _fp8_exact(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-def test_kernel_extend_matches_minima_native(monkeypatch):
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_kernel_extend_matches_minima_native(monkeypatch, key_bits):
     """Extend, chunked prefill over the request's own TQ3 pages, a fresh prompt beside them (no hot
     prefix: an empty paged state) and a mixed batch (a decode row among extend rows), with FP8
     scales != 1: the FlashInfer + TQ3-tile prefill against minima_native on the same pool state."""
     from minima_kernels.prefill import MinimaPrefillWrapper
 
-    h = Harness.real(monkeypatch, device="cuda")
+    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits)
     for layer in h.layers:  # the scales a checkpoint gives its layers: every write and read uses them
         layer.k_scale_float, layer.v_scale_float = 0.5, 0.25
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
@@ -189,6 +193,7 @@ def test_kernel_extend_matches_minima_native(monkeypatch):
     run({1: 20, 2: 7, 3: PS + 5}, ForwardMode.EXTEND)  # next chunks over TQ3 pages; row 3 a fresh prompt
     run({1: 1, 2: 9, 3: 1}, ForwardMode.MIXED)
     assert kernels._prefill is not None and h.pool.stats.fallbacks == 0
+    assert (kernels._prefill._dequant is None) == (key_bits == 4)  # 4-bit keys' tiles: the torch codec
     qo, prefix_indptr, _, prefix_rows, tq3 = plans[1]
     assert qo.tolist() == [0, 20, 27, 27 + PS + 5]
     assert prefix_indptr.diff().tolist() == [PS + 1, PS + 2, 0]  # sink or FP8 page + the partial page

@@ -44,9 +44,14 @@ def test_defaults_on_gpu_serve_the_kernels_with_decode_graphs(monkeypatch, tmp_p
     assert "--cuda-graph-backend-decode" not in flags and flags["--cuda-graph-backend-prefill"] == "disabled"
 
 
-@pytest.mark.parametrize(
-    "minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"], ["--minima-key-bits", "4"]]
-)
+def test_4bit_keys_on_gpu_serve_the_kernels(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--minima-key-bits", "4"])
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert flags["--attention-backend"] == "minima" and "--cuda-graph-backend-decode" not in flags
+
+
+@pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"]])
 def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path), *minima_flags])

@@ -67,11 +67,6 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             raise ValueError(
                 "--attention-backend minima reads FP8 hot pages; with --minima-hot-dtype auto use minima_native"
             )
-        if pool.layout.key_bits != TQ3_BITS:
-            raise ValueError(
-                f"--attention-backend minima reads {TQ3_BITS}-bit Stale keys; with --minima-key-bits "
-                f"{pool.layout.key_bits} use minima_native"
-            )
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._wrapper = None  # built at the first decode layer: its head counts, dtype and scale are the layer's
         self._wrapper_key: tuple | None = None
@@ -298,8 +293,18 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
 
     def _make_wrapper(self, cls, key: tuple):
         """MinimaDecodeWrapper or MinimaPrefillWrapper for ``_kernel_key``'s geometry (they share the workspace)."""
+        from minima_kernels import MinimaDecodeWrapper
+
         num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, q_dtype = key
-        return cls(self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype)
+        key_bits = self.token_to_kv_pool.layout.key_bits
+        if cls is MinimaDecodeWrapper:
+            extra = {"key_bits": key_bits}
+        elif key_bits != TQ3_BITS:
+            # the prefill's tile decoder writes 3-bit keys' tiles: 4-bit keys' tiles decode on the torch codec
+            extra = {"tq3_kernel": False}
+        else:
+            extra = {}
+        return cls(self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype, **extra)
 
 
 def _host_seq_lens(forward_batch: ForwardBatch) -> list[int]:
