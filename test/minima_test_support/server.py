@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+from sglang_minima.config import CONFIG_ENV
 
 STARTUP_TIMEOUT_S = 600
 # What a GPU server gets beside the CPU launcher's own defaults: the same logical KV capacity.
@@ -82,7 +83,10 @@ def launch(args: list[str], log_path: Path, env: dict[str, str] | None = None,
     log tail if it dies)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", module, "--port", str(port), *args, *device_args(args)]
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    # never an inherited Minima config (the plugin reads it in every SGLang process: a plain SGLang
+    # server would tier its pages); sglang_minima.launch_server sets its own
+    inherited = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
+    full_env = {**inherited, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     log = open(log_path, "w")
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)

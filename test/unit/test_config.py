@@ -48,7 +48,10 @@ def test_bad_values_name_the_flag(argv, flag, capsys):
 
 
 def test_config_round_trips_through_environment(monkeypatch):
-    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    # set, then deleted: monkeypatch records the variable (a delenv of an absent one records nothing)
+    # and removes what set_active_config writes, which servers of later tests would inherit
+    monkeypatch.setenv(CONFIG_ENV, "{}")
+    monkeypatch.delenv(CONFIG_ENV)
     assert get_active_config() is None
     cfg = MinimaConfig(recent_pages=7, attention_score_anchors=True)
     set_active_config(cfg)
