@@ -11,7 +11,10 @@ FP8 pages are SGLang's layout: k/v ``[num_pages, page_size, num_kv_heads, head_d
 ``[slots, H, D]`` pool viewed per page); TQ3 pages are TQ3P blocks ``[num_pages, page_bytes]``, codes
 in the MMA order of ``sglang_minima.codec.layout``: packing builds each uint32 word of a lane stream
 as the OR of its codes (``layout.lane_word``, through ``layout.pair_coords``), unpacking reads the
-three words of a triple and splits them back into its 32 codes (``layout.triple_codes``).
+three words of a triple and splits them back into its 32 codes (``layout.triple_codes``). 4-bit keys
+(``--minima-key-bits 4``: a 16-level key codebook, the kernels take its width from the number of
+centroids) pack and unpack a word of four pair bytes at a time (``layout.key4_word``,
+``layout.key4_word_codes``); values are 3-bit either way.
 """
 
 import functools
@@ -20,7 +23,7 @@ import math
 import tilelang
 import tilelang.language as T
 import torch
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.fp8 import Scale
 from sglang_minima.codec.layout import (
     CHUNK_TOKENS,
@@ -32,6 +35,8 @@ from sglang_minima.codec.layout import (
     TRIPLE_WORDS,
     VALUE,
     TQ3PageLayout,
+    key4_word,
+    key4_word_codes,
     lane_word,
     pair_coords,
     triple_codes,
@@ -44,9 +49,9 @@ FLT_MIN = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: squared nor
 
 
 def _select(table: tuple[float, ...], code):
-    """table[code] for a 3-bit code, as a select tree of fp32 constants."""
+    """table[code] for a log2(len(table))-bit code, as a select tree of fp32 constants."""
     level = [T.float32(v) for v in table]
-    for bit in range(TQ3_BITS):
+    for bit in range(log2_int(len(table))):
         level = [
             T.if_then_else((code & (1 << bit)) != 0, level[2 * k + 1], level[2 * k]) for k in range(len(level) // 2)
         ]
@@ -64,6 +69,14 @@ def _count_below(thresholds: tuple[float, ...], u):
 def _chunk_codes(code_s, chunk):
     """code(token, dim) of a 16-token chunk of the shared code tile, as uint32 (for layout.lane_word)."""
     return lambda t, d: T.Cast(T.uint32, code_s[chunk * CHUNK_TOKENS + t, d])
+
+
+def _store_key4_word(code_s, chunk, lane, word, w):
+    """Store the 8 codes of 4-bit key word ``word`` of ``lane``'s stream of chunk ``chunk`` (its
+    uint32 ``w``, layout.key4_word_codes) into the shared code tile at layout.pair_coords."""
+    for g, pair in enumerate(key4_word_codes(w)):
+        for (t, d), code in zip(pair_coords(KEY, lane, 4 * word + g), pair):
+            T.buffer_store(code_s, code, [chunk * CHUNK_TOKENS + t, d])
 
 
 def _store_triple(code_s, chunk, lane, triple, kind: str, words):
@@ -118,12 +131,12 @@ def fp8_to_tq3_kernel(
     """FP8 pages -> TQ3P pages. Shapes (dynamic: n_fp8, n_tq3, n):
     k_fp8 / v_fp8 [n_fp8, P, H, D] e4m3, src_pages / dst_pages [n] int32, signs [H, D] fp32 (+-1),
     kv_scale [2] fp32 (per-layer k and v scale), tq3 [n_tq3, page_bytes] uint8 and the same storage
-    as tq3_f16 [n_tq3, page_bytes/2] fp16 (written)."""
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    as tq3_f16 [n_tq3, page_bytes/2] fp16 (written). ``centroids`` / ``thresholds``: the key
+    codebook's (8 or 16 levels: 3- or 4-bit keys)."""
+    key_bits = log2_int(len(centroids))
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)
-    hb = layout.head_code_bytes
-    lane_words = layout.lane_words
     pad_offset = layout.payload_bytes + layout.metadata_bytes
     pad_bytes = layout.page_bytes - pad_offset
     squares = tuple(c * c for c in centroids)  # fp32 products of fp32 values: exact in float64, rounded below
@@ -140,12 +153,23 @@ def fp8_to_tq3_kernel(
     @T.macro
     def pack(code_s, dst, h, offset, kind, tq3):
         # one thread per 96-bit triple of a lane stream (MMA order): 3 uint32 words, 4 bytes each
+        hb, lane_words = layout.v_head_code_bytes, layout.v_lane_words  # a 3-bit block's (3-bit keys: the same)
         for chunk, lane, triple in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words // TRIPLE_WORDS):
             for j in T.unroll(TRIPLE_WORDS):
                 word = lane_word(kind, lane, triple, j, _chunk_codes(code_s, chunk))
                 base = offset + h * hb + 4 * ((chunk * LANES + lane) * lane_words + TRIPLE_WORDS * triple + j)
                 for b in T.unroll(4):
                     tq3[dst, base + b] = T.Cast(T.uint8, (word >> (8 * b)) & 0xFF)
+
+    @T.macro
+    def pack_keys4(code_s, dst, h, tq3):
+        # 4-bit keys: one thread per uint32 word of a lane stream (four pair bytes)
+        hb, lane_words = layout.k_head_code_bytes, layout.k_lane_words
+        for chunk, lane, k in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words):
+            word = key4_word(lane, k, _chunk_codes(code_s, chunk))
+            base = layout.k_codes_offset + h * hb + 4 * ((chunk * LANES + lane) * lane_words + k)
+            for b in T.unroll(4):
+                tq3[dst, base + b] = T.Cast(T.uint8, (word >> (8 * b)) & 0xFF)
 
     @T.macro
     def zero_padding(tq3, dst, h):
@@ -195,7 +219,10 @@ def fp8_to_tq3_kernel(
                 tq3_f16[dst, layout.k_norm_offset // 2 + h * P + t] = T.Cast(
                     T.float16, T.if_then_else(ratio_s[t] == 0, T.float32(0), norm_s[t] / T.sqrt(s_s[t, 0]))
                 )
-            pack(code_s, dst, h, layout.k_codes_offset, KEY, tq3)
+            if key_bits == TQ3_BITS:
+                pack(code_s, dst, h, layout.k_codes_offset, KEY, tq3)
+            else:
+                pack_keys4(code_s, dst, h, tq3)
 
             # values: rotate, per-token min/max, fp16 zero and scale, round-half-even codes
             load_rotated(src, x_s, h, v_fp8, kv_scale[1], signs)
@@ -252,19 +279,20 @@ def tq3_to_fp8_kernel(
 
     ``output="bf16_heads"``: the decoded, un-rotated pages as bf16 keys and values for attention (the
     prefill's bounded TQ3 tile): tq3_i32, tq3_f16, src_pages [n], signs -> k_out / v_out [H, m, D]
-    bf16 (m >= n * P), the c-th listed page in tokens c * P .. c * P + P - 1 of every head."""
+    bf16 (m >= n * P), the c-th listed page in tokens c * P .. c * P + P - 1 of every head.
+    ``centroids``: the key codebook's (8 or 16: 3- or 4-bit keys)."""
     if output not in ("fp8_pages", "bf16_heads"):
         raise ValueError(f"output={output!r}: 'fp8_pages' or 'bf16_heads'")
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim)
+    key_bits = log2_int(len(centroids))
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)
-    hw = layout.head_code_bytes // 4  # words of one head's code block
-    lane_words = layout.lane_words
     n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")
 
     @T.macro
     def unpack(tq3_i32, src, h, offset, kind, code_s):
         # one thread per 96-bit triple of a lane stream (MMA order): 3 words in, 32 codes out
+        hw, lane_words = layout.v_head_code_bytes // 4, layout.v_lane_words  # a 3-bit block's
         for chunk, lane, triple in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words // TRIPLE_WORDS):
             base = offset // 4 + h * hw + (chunk * LANES + lane) * lane_words + TRIPLE_WORDS * triple
             w0 = tq3_i32[src, base]
@@ -273,8 +301,19 @@ def tq3_to_fp8_kernel(
             _store_triple(code_s, chunk, lane, triple, kind, (w0, w1, w2))
 
     @T.macro
+    def unpack_keys4(tq3_i32, src, h, code_s):
+        # 4-bit keys: one thread per uint32 word of a lane stream, 8 codes out
+        hw, lane_words = layout.k_head_code_bytes // 4, layout.k_lane_words
+        for chunk, lane, k in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words):
+            w = tq3_i32[src, layout.k_codes_offset // 4 + h * hw + (chunk * LANES + lane) * lane_words + k]
+            _store_key4_word(code_s, chunk, lane, k, w)
+
+    @T.macro
     def decode_keys(tq3_i32, tq3_f16, src, h, x_s, code_s):
-        unpack(tq3_i32, src, h, layout.k_codes_offset, KEY, code_s)
+        if key_bits == TQ3_BITS:
+            unpack(tq3_i32, src, h, layout.k_codes_offset, KEY, code_s)
+        else:
+            unpack_keys4(tq3_i32, src, h, code_s)
         for t, d in T.Parallel(P, D):
             x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
                 centroids, code_s[t, d]
@@ -349,10 +388,10 @@ def tq3_to_fp8_kernel(
     return tq3_to_fp8 if output == "fp8_pages" else tq3_to_bf16_heads
 
 
-def _kernel_constants(head_dim: int) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+def _kernel_constants(head_dim: int, key_bits: int = TQ3_BITS) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
     if not is_power_of_two(head_dim):
         raise ValueError(f"the GPU conversion needs a power-of-two head_dim (Hadamard rotation), got {head_dim}")
-    book = tq3_codebook(head_dim)
+    book = key_codebook(head_dim, key_bits)
     sqrt_d = float(torch.tensor(math.sqrt(head_dim), dtype=torch.float32))
     return (
         tuple(float(c) for c in book.centroids),
@@ -382,12 +421,13 @@ class PageConversions:
 
     FP8 caches are ``[n_fp8, P, H, D]`` (e4m3 or its uint8 bits), TQ3P pages ``[n_tq3, page_bytes]``
     uint8, page lists int32, ``signs`` the layer's ``LayerRotation.signs`` [H, D] and ``scales``
-    ``conversion_scales(...)``.
+    ``conversion_scales(...)``. ``key_bits``: the TQ3 pages' key code width, 3 or 4.
     """
 
-    def __init__(self, heads: int, page_size: int, head_dim: int):
-        self.heads, self.page_size, self.head_dim = heads, page_size, head_dim
-        self._constants = _kernel_constants(head_dim)
+    def __init__(self, heads: int, page_size: int, head_dim: int, key_bits: int = TQ3_BITS):
+        TQ3PageLayout(heads, page_size, head_dim, key_bits)  # refuses what no page can hold
+        self.heads, self.page_size, self.head_dim, self.key_bits = heads, page_size, head_dim, key_bits
+        self._constants = _kernel_constants(head_dim, key_bits)
 
     @functools.cached_property
     def encode_kernel(self):
@@ -431,12 +471,13 @@ def fp8_to_tq3(
     *,
     k_scale: Scale = None,
     v_scale: Scale = None,
+    key_bits: int = TQ3_BITS,
 ) -> None:
     """Retier: FP8 pages ``src_pages`` of one layer (k/v ``[n_fp8, P, H, D]`` e4m3 or uint8) ->
     TQ3P pages ``dst_pages`` of ``tq3_pages`` ``[n_tq3, page_bytes]`` uint8, in place. The bytes equal
     ``encode_pages(k[src].transpose(1, 2), v[src].transpose(1, 2), ...)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
-    PageConversions(heads, page_size, dim).fp8_to_tq3(
+    PageConversions(heads, page_size, dim, key_bits).fp8_to_tq3(
         k_cache, v_cache, src_pages.to(torch.int32), dst_pages.to(torch.int32), tq3_pages,
         rotation.signs.to(k_cache.device), conversion_scales(k_scale, v_scale, k_cache.device),
     )
@@ -452,11 +493,12 @@ def tq3_to_fp8(
     *,
     k_scale: Scale = None,
     v_scale: Scale = None,
+    key_bits: int = TQ3_BITS,
 ) -> None:
     """Promote: TQ3P pages ``src_pages`` -> FP8 pages ``dst_pages`` of k/v ``[n_fp8, P, H, D]``, in
     place; equals ``fp8_requantize(to_original_space(decode_pages(...)), scale)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
-    PageConversions(heads, page_size, dim).tq3_to_fp8(
+    PageConversions(heads, page_size, dim, key_bits).tq3_to_fp8(
         tq3_pages, src_pages.to(torch.int32), dst_pages.to(torch.int32), k_cache, v_cache,
         rotation.signs.to(k_cache.device), conversion_scales(k_scale, v_scale, k_cache.device),
     )

@@ -55,7 +55,8 @@ class MinimaPrefillWrapper:
     One object per layer geometry (query heads, KV heads, head dim, page size, scale, query dtype);
     ``workspace`` is FlashInfer's float workspace (shared with the decode: a forward is one or the other).
     ``tq3_kernel``: decode the TQ3 prefix with the TileLang kernel (default: on CUDA, power-of-two head
-    dims) or with the torch codec; ``tile_tokens``: TQ3 tokens per tile (default: the decoder's).
+    dims) or with the torch codec; ``tile_tokens``: TQ3 tokens per tile (default: the decoder's);
+    ``key_bits``: the TQ3 pages' key code width, 3 or 4 (the kernel's build).
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class MinimaPrefillWrapper:
         q_dtype: torch.dtype = torch.bfloat16,
         tile_tokens: int | None = None,
         tq3_kernel: bool | None = None,
+        key_bits: int = 3,
     ):
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -85,7 +87,7 @@ class MinimaPrefillWrapper:
         if tq3_kernel:
             from .convert import PageConversions  # (tilelang: the CPU stand-in tests import this module without it)
 
-            self._dequant = PageConversions(num_kv_heads, page_size, head_dim)
+            self._dequant = PageConversions(num_kv_heads, page_size, head_dim, key_bits)
             _ = self._dequant.dequant_kernel
         default = DEFAULT_TILE_TOKENS if self._dequant is not None else TORCH_TILE_TOKENS
         self.tile_pages = max(1, (tile_tokens or default) // page_size)

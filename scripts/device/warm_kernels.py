@@ -150,9 +150,13 @@ def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=(3,)):
                     workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=bits
                 ).compile(),
             )
-        # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's pool is made
-        yield f"serving retier {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).encode_kernel
-        yield f"serving promote {h}/{d}/p{p}", lambda h=h, d=d, p=p: PageConversions(h, p, d).decode_kernel
+        for bits in key_bits:
+            # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's
+            # pool is made, and the prefill's TQ3 tile decoder
+            conv = lambda h=h, d=d, p=p, bits=bits: PageConversions(h, p, d, bits)  # noqa: E731
+            yield f"serving retier {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().encode_kernel
+            yield f"serving promote {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().decode_kernel
+            yield f"serving prefill tile {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().dequant_kernel
         # the extend path's two FlashInfer modules (JIT): ragged bf16 and paged FP8 prefill
         yield f"serving prefill {hq}/{h}/{d}", lambda hq=hq, h=h, d=d, p=p: warm_prefill(workspace, hq, h, d, p)
 

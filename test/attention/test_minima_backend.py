@@ -193,7 +193,7 @@ def test_kernel_extend_matches_minima_native(monkeypatch, key_bits):
     run({1: 20, 2: 7, 3: PS + 5}, ForwardMode.EXTEND)  # next chunks over TQ3 pages; row 3 a fresh prompt
     run({1: 1, 2: 9, 3: 1}, ForwardMode.MIXED)
     assert kernels._prefill is not None and h.pool.stats.fallbacks == 0
-    assert (kernels._prefill._dequant is None) == (key_bits == 4)  # 4-bit keys' tiles: the torch codec
+    assert kernels._prefill._dequant.key_bits == key_bits  # the tile decoder of the pool's key width
     qo, prefix_indptr, _, prefix_rows, tq3 = plans[1]
     assert qo.tolist() == [0, 20, 27, 27 + PS + 5]
     assert prefix_indptr.diff().tolist() == [PS + 1, PS + 2, 0]  # sink or FP8 page + the partial page

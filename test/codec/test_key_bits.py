@@ -21,6 +21,8 @@ from sglang_minima.codec.layout import (
     VALUE,
     TQ3PageLayout,
     key4_bit_index,
+    key4_word,
+    key4_word_codes,
     pair_coords,
 )
 from sglang_minima.codec.packing import key_pair_fields, pack_codes, unpack_codes
@@ -32,6 +34,30 @@ from stale_probe import MinimaEmulation  # noqa: E402
 
 
 # ---------------------------------------------------------------- layout
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_key4_word_builds_and_unpacks_the_packed_words(head_dim):
+    # layout.key4_word / key4_word_codes are how the conversion kernels pack and unpack 4-bit keys: one
+    # uint32 word at a time, lane and word symbolic. With every lane and word at once (the kernels'
+    # threads) they give pack_codes' words, and the codes back.
+    page_size = 32
+    layout = TQ3PageLayout(1, page_size, head_dim, key_bits=4)
+    codes = torch.randint(0, 16, (page_size, head_dim), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    words = pack_codes(codes, KEY, 4).view(torch.int32)
+    words = words.view(page_size // CHUNK_TOKENS, LANES, layout.k_lane_words)  # chunk, lane, word
+    lane = torch.arange(LANES).view(-1, 1)
+    word = torch.arange(layout.k_lane_words).view(1, -1)
+    for chunk in range(page_size // CHUNK_TOKENS):
+        chunk_codes = codes[chunk * CHUNK_TOKENS : (chunk + 1) * CHUNK_TOKENS].to(torch.int64)
+        got = key4_word(lane, word, lambda t, d: chunk_codes[t, d])
+        assert torch.equal(got, words[chunk].to(torch.int64) & 0xFFFFFFFF), chunk
+        back = torch.zeros_like(chunk_codes)
+        for g, (low, high) in enumerate(key4_word_codes(words[chunk])):  # signed int32 words
+            (t0, d0), (t1, d1) = pair_coords(KEY, lane.expand_as(got), 4 * word.expand_as(got) + g)
+            back[t0, d0], back[t1, d1] = low.to(torch.int64), high.to(torch.int64)
+        assert torch.equal(back, chunk_codes), chunk
+    assert key4_word(7, 1, lambda t, d: int(codes[t, d])) == int(words[0, 7, 1]) & 0xFFFFFFFF
 
 
 @pytest.mark.parametrize("h, p, d", [(1, 64, 64), (2, 64, 64), (3, 16, 128), (1, 64, 128), (2, 32, 256)])

@@ -121,14 +121,15 @@ def test_two_page_steps_past_the_tested_head_dims_are_refused() -> None:
         fp8_decode_kernel(4, 6, 256, 64, 256**-0.5, "bfloat16", pages_per_step=2)
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int) -> None:
+def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int, key_bits: int) -> None:
     import torch
     from minima_kernels import fp8_to_tq3_kernel, tq3_to_fp8_kernel
-    from sglang_minima.codec import tq3_codebook
+    from sglang_minima.codec import key_codebook
     from sglang_minima.codec.rotation import fp32_inv_sqrt
 
-    book = tq3_codebook(d)
+    book = key_codebook(d, key_bits)
     cent = tuple(float(c) for c in book.centroids)
     thr = tuple(float(t) for t in book.thresholds)
     inv = fp32_inv_sqrt(d)

@@ -371,14 +371,15 @@ def test_glue_rotations_are_the_codecs(hq: int, h: int, d: int, p: int) -> None:
     assert bool((lse == lse_partial[:, :, 0]).all())
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
+def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int, key_bits: int) -> None:
     from kv_fixtures import fp8_pages, tq3_pages_from
     from minima_kernels import fp8_to_tq3
     from sglang_minima.codec import LayerRotation, TQ3PageLayout, page_fields
 
     gen = torch.Generator(device="cuda").manual_seed(d)
-    layout = TQ3PageLayout(h, p, d)
+    layout = TQ3PageLayout(h, p, d, key_bits)
     rotation = LayerRotation(h, d, layer_id=3, seed=7, device="cuda")
     k_scale, v_scale = 0.37, 0.29  # non-power-of-two scales: the dequant multiply rounds
     k = fp8_pages(12, p, h, d, k_scale, gen, "cuda")
@@ -388,7 +389,7 @@ def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
     src = torch.tensor([5, 0, 11, 3, 7], dtype=torch.int32, device="cuda")
     dst = torch.tensor([2, 6, 0, 4, 1], dtype=torch.int32, device="cuda")
     pool = torch.full((8, layout.page_bytes), 0xAB, dtype=torch.uint8, device="cuda")
-    fp8_to_tq3(k, v, src, dst, pool, rotation, k_scale=k_scale, v_scale=v_scale)
+    fp8_to_tq3(k, v, src, dst, pool, rotation, k_scale=k_scale, v_scale=v_scale, key_bits=key_bits)
     torch.cuda.synchronize()
     ref = tq3_pages_from(k[src.long()], v[src.long()], layout, rotation, k_scale, v_scale)
     got = pool[dst.long()]
@@ -406,13 +407,13 @@ def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int) -> None:
     assert bool((pool[untouched] == 0xAB).all())
 
 
-def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int):
+def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int, key_bits: int = 3):
     """(layout, rotation, 6 TQ3 pages) encoded by the codec from FP8 pages at scales 0.5 / 0.25."""
     from kv_fixtures import fp8_pages, tq3_pages_from
     from sglang_minima.codec import LayerRotation, TQ3PageLayout
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    layout = TQ3PageLayout(h, p, d)
+    layout = TQ3PageLayout(h, p, d, key_bits)
     rotation = LayerRotation(h, d, layer_id=layer_id, seed=5, device="cuda")
     tq3 = tq3_pages_from(
         fp8_pages(6, p, h, d, 0.5, gen, "cuda"), fp8_pages(6, p, h, d, 0.25, gen, "cuda"), layout, rotation, 0.5, 0.25
@@ -420,20 +421,21 @@ def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int):
     return layout, rotation, tq3
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("k_scale,v_scale", [(0.5, 0.25), (0.37, 0.29)])  # powers of two, and scales that round
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float) -> None:
+def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float, key_bits: int) -> None:
     from minima_kernels import tq3_to_fp8
-    from sglang_minima.codec import decode_pages, fp8_requantize, to_original_space, tq3_codebook
+    from sglang_minima.codec import decode_pages, fp8_requantize, key_codebook, to_original_space
 
-    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 1, layer_id=1)
+    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 1, layer_id=1, key_bits=key_bits)
     src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
     dst = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
     k_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
     v_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
-    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=k_scale, v_scale=v_scale)
+    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=k_scale, v_scale=v_scale, key_bits=key_bits)
     torch.cuda.synchronize()
-    k_rot, v_rot = decode_pages(tq3[src.long()], layout, tq3_codebook(d))
+    k_rot, v_rot = decode_pages(tq3[src.long()], layout, key_codebook(d, key_bits))
     ref_k = fp8_requantize(to_original_space(k_rot, rotation), k_scale).transpose(1, 2)
     ref_v = fp8_requantize(to_original_space(v_rot, rotation), v_scale).transpose(1, 2)
     bad_k = int((k_cache[dst.long()] != ref_k).sum())
@@ -443,20 +445,21 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: f
     assert bool((k_cache[[1, 4]] == 0x7F).all())
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_to_bf16_heads_equals_the_codec(hq: int, h: int, d: int, p: int) -> None:
+def test_tq3_to_bf16_heads_equals_the_codec(hq: int, h: int, d: int, p: int, key_bits: int) -> None:
     # the prefill's TQ3 tile: the promotion kernel's decode and un-rotation (the codec's fp32 values)
     # cast to bf16, head-major, the c-th listed page at tokens c * P; tokens past the list untouched
     from minima_kernels import PageConversions
-    from sglang_minima.codec import decode_pages, to_original_space, tq3_codebook
+    from sglang_minima.codec import decode_pages, key_codebook, to_original_space
 
-    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 3, layer_id=2)
+    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 3, layer_id=2, key_bits=key_bits)
     src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
     k_out = torch.full((h, 4 * p, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     v_out = torch.full_like(k_out, float("nan"))
-    PageConversions(h, p, d).tq3_to_bf16_heads(tq3, src, k_out, v_out, rotation.signs)
+    PageConversions(h, p, d, key_bits).tq3_to_bf16_heads(tq3, src, k_out, v_out, rotation.signs)
     torch.cuda.synchronize()
-    k_rot, v_rot = decode_pages(tq3[src.long()], layout, tq3_codebook(d))  # [n, H, P, D]
+    k_rot, v_rot = decode_pages(tq3[src.long()], layout, key_codebook(d, key_bits))  # [n, H, P, D]
     for got, x in ((k_out, k_rot), (v_out, v_rot)):
         ref = to_original_space(x, rotation).to(torch.bfloat16).transpose(0, 1).reshape(h, 3 * p, d)
         bad = int((got[:, : 3 * p].view(torch.int16) != ref.view(torch.int16)).sum())

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_minima.codec import LayerRotation, TQ3PageLayout
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.fp8 import fp8_quantize, fp8_requantize
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.mem_cache import kernel_conversions
@@ -24,9 +24,9 @@ GEOMETRIES = [(3, 64, 64), (8, 128, 64), (4, 256, 32)]  # kv heads, head dim, pa
 class CodecPageConversions:
     """``minima_kernels.PageConversions``' contract (both directions), computed by the torch codec (CPU stand-in)."""
 
-    def __init__(self, heads: int, page_size: int, head_dim: int):
-        self.layout = TQ3PageLayout(heads, page_size, head_dim)
-        self.codebook = tq3_codebook(head_dim)
+    def __init__(self, heads: int, page_size: int, head_dim: int, key_bits: int = 3):
+        self.layout = TQ3PageLayout(heads, page_size, head_dim, key_bits)
+        self.codebook = key_codebook(head_dim, key_bits)
 
     encode_kernel = decode_kernel = "built"  # the real ones compile here
 
@@ -50,17 +50,18 @@ class CodecPageConversions:
             cache.view(torch.uint8)[dst.long()] = fp8_requantize(x, float(scale))
 
 
-def _stores(heads, dim, page_size, device):
+def _stores(heads, dim, page_size, device, key_bits=3):
     shape = StoreShape(num_logical_pages=24, num_hot_pages=12, page_size=page_size, num_layers=3,
-                       num_kv_heads=heads, head_dim=dim, hot_dtype=torch.float8_e4m3fn)
+                       num_kv_heads=heads, head_dim=dim, hot_dtype=torch.float8_e4m3fn, key_bits=key_bits)
     kern = TieredPageStore(shape, device=device, rotation_seed=11)
     ref = TieredPageStore(shape, device=device, rotation_seed=11, conversion_kernels=False)
     return shape, kern, ref
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("heads,dim,page_size", GEOMETRIES[:2])
-def test_the_stores_kernel_wiring_writes_the_torch_codecs_bytes(monkeypatch, heads, dim, page_size):
-    shape, kern, ref = _stores(heads, dim, page_size, "cpu")
+def test_the_stores_kernel_wiring_writes_the_torch_codecs_bytes(monkeypatch, heads, dim, page_size, key_bits):
+    shape, kern, ref = _stores(heads, dim, page_size, "cpu", key_bits)
     assert kern.kernels is None  # on CPU the torch codec converts
     monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
     kern.kernels = kernel_conversions.KernelConversions(kern)
@@ -68,9 +69,10 @@ def test_the_stores_kernel_wiring_writes_the_torch_codecs_bytes(monkeypatch, hea
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("heads,dim,page_size", GEOMETRIES)
-def test_kernel_conversions_write_the_torch_codecs_bytes(heads, dim, page_size):
-    shape, kern, ref = _stores(heads, dim, page_size, "cuda")
+def test_kernel_conversions_write_the_torch_codecs_bytes(heads, dim, page_size, key_bits):
+    shape, kern, ref = _stores(heads, dim, page_size, "cuda", key_bits)
     assert kern.kernels is not None and ref.kernels is None
     _check_same_bytes(shape, kern, ref, "cuda")
 
@@ -156,18 +158,11 @@ def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeyp
     assert kern.retier(pages) == 4  # the next batch converts them
 
 
-def test_four_bit_keys_are_converted_by_the_torch_codec(monkeypatch, caplog):
-    """The kernels write 3-bit keys: a store with 4-bit keys never uses them, even where they would
-    apply (CUDA, FP8 hot pages, power-of-two head dim), and KernelConversions refuses it by name."""
+def test_four_bit_keys_take_the_kernels_of_their_width(monkeypatch):
+    """A store with 4-bit keys converts through the kernels too, built for its key width."""
     monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
     shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
                        head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4)
     cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
-    with caplog.at_level("INFO", logger=kernel_conversions.__name__):
-        assert kernel_conversions.kernel_conversions(cuda_like) is None
-    assert "--minima-key-bits 4" in caplog.text
-    with pytest.raises(ValueError, match=r"write 3-bit keys.*--minima-key-bits 4.*torch codec"):
-        kernel_conversions.KernelConversions(cuda_like)
-    three_bit = types.SimpleNamespace(shape=StoreShape(**{**shape.__dict__, "key_bits": 3}), device=torch.device("cuda"),
-                                      is_fp8=True, k_scales=[1.0], v_scales=[1.0])
-    assert kernel_conversions.kernel_conversions(three_bit) is not None  # the same store with 3-bit keys: kernels
+    conversions = kernel_conversions.kernel_conversions(cuda_like)
+    assert conversions is not None and conversions.kernels.layout.key_bits == 4

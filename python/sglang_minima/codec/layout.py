@@ -2,7 +2,7 @@
 
 The torch codec, the TileLang kernels and the byte accounting all import these constants,
 ``TQ3PageLayout``, ``WORD_BITS``, ``pair_coords``, ``code_bit_index``, ``lane_word``, ``triple_codes`` and
-(4-bit keys) ``key4_bit_index``;
+(4-bit keys) ``key4_bit_index``, ``key4_word``, ``key4_word_codes``;
 docs/TQ3P.md describes the same layout in prose.
 
 One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one contiguous uint8 block:
@@ -266,6 +266,27 @@ def key4_bit_index(token, dim, bit, head_dim: int):
     pair = 4 * block + reg
     byte = (chunk * LANES + 4 * r + t) * (head_dim // 4) + pair
     return byte * PAIR_BITS_4 + (PAIR_BITS_4 // 2) * half + bit
+
+
+def key4_word(lane, word, code):
+    """4-bit keys: uint32 word ``word`` of lane ``lane``'s key stream of one chunk, the OR of its
+    four pair bytes (pairs 4*word .. 4*word+3, byte g = pair 4*word+g = ``low | high << 4``).
+    ``code(token, dim)`` gives a token's code as an unsigned integer; integer operators only (ints,
+    tensors or TileLang expressions: the FP8 -> TQ3 kernel packs with it); the inverse of
+    ``key4_word_codes``, and the bytes ``key4_bit_index`` addresses."""
+    value = 0
+    for g in range(4):
+        (t0, d0), (t1, d1) = pair_coords(KEY, lane, 4 * word + g)
+        value = value | (code(t0, d0) << (PAIR_BITS_4 * g)) | (code(t1, d1) << (PAIR_BITS_4 * g + PAIR_BITS_4 // 2))
+    return value
+
+
+def key4_word_codes(w):
+    """The 4 (low code, high code) of one 4-bit key word ``w`` (pairs 4*word .. 4*word+3 of its lane,
+    ``pair_coords`` places them): the inverse of ``key4_word``. Every field is masked, so a signed
+    int32 word gives the same codes."""
+    mask = (1 << (PAIR_BITS_4 // 2)) - 1
+    return [((w >> (PAIR_BITS_4 * g)) & mask, (w >> (PAIR_BITS_4 * g + PAIR_BITS_4 // 2)) & mask) for g in range(4)]
 
 
 def pair_coords(kind: str, lane: int, pair: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -5,8 +5,7 @@ The torch codec converts a batch of pages with ~400 small ops per layer (each a 
 it in one launch per layer and write the codec's exact bytes both ways (tested bit for bit against
 it: test/gpu/test_kernels.py; inside the store: test/mem_cache/test_kernel_conversions.py). Used
 where they apply: a CUDA store with FP8 hot pages and a power-of-two head dim (the Hadamard
-rotation), 3-bit keys (the kernels write and read no 4-bit keys: ``--minima-key-bits 4`` converts on
-the codec), the ``gpu`` extra installed.
+rotation), 3- or 4-bit keys (``--minima-key-bits``), the ``gpu`` extra installed.
 
 Promotion (TQ3 -> FP8) re-quantizes with ``x / scale`` correctly rounded (``T.ieee_fdiv``), as the
 codec's ``fp8_requantize`` does: a multiply by the reciprocal differs from it on e4m3 rounding ties
@@ -19,7 +18,6 @@ import logging
 
 import torch
 
-from sglang_minima.codec.layout import TQ3_BITS
 from sglang_minima.codec.rotation import is_power_of_two
 
 logger = logging.getLogger(__name__)
@@ -31,15 +29,10 @@ class KernelConversions:
 
     def __init__(self, store):
         s = store.shape
-        if s.key_bits != TQ3_BITS:
-            raise ValueError(
-                f"the conversion kernels write {TQ3_BITS}-bit keys, the store's pages have {s.key_bits}-bit "
-                f"keys (--minima-key-bits {s.key_bits}): convert with the torch codec"
-            )
         from minima_kernels import PageConversions
 
         self.store = store
-        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim)
+        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim, s.key_bits)
         # built (or loaded from TileLang's cache) now, not at the first conversion
         _ = self.kernels.encode_kernel, self.kernels.decode_kernel
         self._scales: list[tuple[tuple[float, float], torch.Tensor] | None] = [None] * s.num_layers
@@ -88,9 +81,6 @@ def kernel_conversions(store) -> KernelConversions | None:
     s = store.shape
     if store.device.type != "cuda":
         return None
-    if s.key_bits != TQ3_BITS:
-        logger.info("Minima: conversions on the torch codec (--minima-key-bits %d: the kernels write 3-bit keys)", s.key_bits)
-        return None
     if not store.is_fp8 or not is_power_of_two(s.head_dim):
         logger.info(
             "Minima: conversions on the torch codec (the kernels need FP8 hot pages and a power-of-two "
@@ -102,5 +92,5 @@ def kernel_conversions(store) -> KernelConversions | None:
     except Exception as e:  # the gpu extra (tilelang) missing, or its build failing: the codec still converts
         logger.warning("Minima: conversions on the torch codec: the TileLang kernels are unavailable (%r)", e)
         return None
-    logger.info("Minima: page conversions through the TileLang kernels (%d layers)", s.num_layers)
+    logger.info("Minima: page conversions through the TileLang kernels (%d layers, %d-bit keys)", s.num_layers, s.key_bits)
     return conversions

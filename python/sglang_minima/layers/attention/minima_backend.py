@@ -11,6 +11,8 @@ per-request ``plan.plan_extend``: one host read per step, the batch's TQ3 page c
 step's routes are counted on the device; a batch the split refuses takes the torch path and counts
 as a fallback.
 
+Stale keys may be 3- or 4-bit (``--minima-key-bits``): both wrappers are built for the pool's width.
+
 Eager steps plan on the host (``MinimaDecodeWrapper.plan``: the page counts pick the fastest path,
 a host sync per step). Decode batches up to SGLang's ``--cuda-graph-max-bs`` run as CUDA graphs
 (``--cuda-graph-backend-decode full``, the launcher's default here): ``init_forward_metadata_in_graph``
@@ -38,7 +40,6 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_minima.codec.layout import TQ3_BITS
 from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend, to_device
 from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
 from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_batch
@@ -292,19 +293,13 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         return (layer.tp_q_head_num, pool.head_num, pool.head_dim, pool.page_size, float(layer.scaling), q_dtype)
 
     def _make_wrapper(self, cls, key: tuple):
-        """MinimaDecodeWrapper or MinimaPrefillWrapper for ``_kernel_key``'s geometry (they share the workspace)."""
-        from minima_kernels import MinimaDecodeWrapper
-
+        """MinimaDecodeWrapper or MinimaPrefillWrapper for ``_kernel_key``'s geometry and the pool's
+        key width (they share the workspace)."""
         num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, q_dtype = key
-        key_bits = self.token_to_kv_pool.layout.key_bits
-        if cls is MinimaDecodeWrapper:
-            extra = {"key_bits": key_bits}
-        elif key_bits != TQ3_BITS:
-            # the prefill's tile decoder writes 3-bit keys' tiles: 4-bit keys' tiles decode on the torch codec
-            extra = {"tq3_kernel": False}
-        else:
-            extra = {}
-        return cls(self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype, **extra)
+        return cls(
+            self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype,
+            key_bits=self.token_to_kv_pool.layout.key_bits,
+        )
 
 
 def _host_seq_lens(forward_batch: ForwardBatch) -> list[int]:
