@@ -64,8 +64,11 @@ def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
 
     monkeypatch.setattr(side.conversion_stream, "launch", launch_behind_late_writes)
     stale = torch.tensor([2, 3, 5, 7, 8, 1], device="cuda")
-    assert side.retier(stale) == sync.retier(stale) == 6
+    assert side.retier(stale) == 6
+    # checked before the synchronous store converts: its conversion waits for the current stream (the
+    # late writes), by which time the side stream's copy has run as well
     assert side.conversions_pending and (side.page_table.fmt[stale] == FMT_HOT).all()  # not published yet
+    assert sync.retier(stale) == 6
     side.publish_conversions(wait=True)
     for name in ("fmt", "phys"):
         assert torch.equal(getattr(side.page_table, name), getattr(sync.page_table, name))
