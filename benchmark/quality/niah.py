@@ -24,13 +24,15 @@ Arms (``--arms``):
   fp8                SGLang's own path with ``--kv-cache-dtype fp8_e4m3`` (not on CPU: SGLang's CPU
                      FP8 KV needs Intel AMX; there minima-nostale is the FP8 arm and the reference).
   minima-nostale     Minima with ``--minima-disable-stale``: every page FP8 e4m3.
-  minima             Minima defaults (Recent 4 pages, 1 sink page, Stale TQ3).
-  minima-aggressive  Minima with one Recent page, one sink page, no Anchor budget.
-  minima-defer       Minima defaults plus ``--minima-defer-prefill-conversion``.
-  minima-k4          Minima defaults plus ``--minima-key-bits 4`` (4-bit Stale keys; minima_native on CUDA).
-  minima-recentN     Minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
-  minima-sink4       Minima with four sink pages.
-  minima-anchor8     Minima with an Anchor budget of eight pages per request (filled by age and structure).
+  minima             Minima (Recent 4 pages, 1 sink page) with 3-bit Stale keys (``--minima-key-bits 3``, the
+                     launcher's default until 2026-12-03: every arm below but minima-k4 pins it, so that
+                     each name keeps meaning what its committed answers ran).
+  minima-k4          Minima defaults (4-bit Stale keys since 2026-12-03; before, ``--minima-key-bits 4``).
+  minima-aggressive  minima with one Recent page, one sink page, no Anchor budget.
+  minima-defer       minima plus ``--minima-defer-prefill-conversion``.
+  minima-recentN     minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
+  minima-sink4       minima with four sink pages.
+  minima-anchor8     minima with an Anchor budget of eight pages per request (filled by age and structure).
 
 The frontier: every run's macro score against the KV bytes per token it attended (per layer, from
 the route counters' hot and TQ3 token reads and the codec's page accounting), in the report and in
@@ -70,8 +72,8 @@ from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
 ROUTE_KEYS = ("route_hot_pages", "route_tq3_pages", "route_hot_tokens", "route_tq3_tokens")
 SMOKE_TASKS = tuple(TASKS)
 DEFAULT_PORT = 31717
-GPU_ARMS = "bf16,fp8,minima-nostale,minima,minima-aggressive"
-CPU_ARMS = "bf16,minima-nostale,minima,minima-aggressive"
+GPU_ARMS = "bf16,fp8,minima-nostale,minima-k4,minima,minima-aggressive"
+CPU_ARMS = "bf16,minima-nostale,minima-k4,minima,minima-aggressive"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,11 @@ class ArmSpec:
 
     @property
     def key_bits(self) -> int:
-        return int(self.flags[self.flags.index("--minima-key-bits") + 1]) if "--minima-key-bits" in self.flags else 3
+        if "--minima-key-bits" in self.flags:
+            return int(self.flags[self.flags.index("--minima-key-bits") + 1])
+        from sglang_minima.config import MinimaConfig
+
+        return MinimaConfig().key_bits
 
     @property
     def converts(self) -> bool:
@@ -94,21 +100,22 @@ class ArmSpec:
         return self.is_minima and "--minima-disable-stale" not in self.flags
 
 
+K3 = ("--minima-key-bits", "3")
 ARMS: dict[str, ArmSpec] = {
     a.name: a
     for a in (
         ArmSpec("bf16", "sglang.launch_server", ()),
         ArmSpec("fp8", "sglang.launch_server", ("--kv-cache-dtype", "fp8_e4m3")),
         ArmSpec("minima-nostale", "sglang_minima.launch_server", ("--minima-disable-stale",)),
-        ArmSpec("minima", "sglang_minima.launch_server", ()),
+        ArmSpec("minima", "sglang_minima.launch_server", K3),
+        ArmSpec("minima-k4", "sglang_minima.launch_server", ()),
         ArmSpec("minima-aggressive", "sglang_minima.launch_server",
-                ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
-        ArmSpec("minima-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
-        ArmSpec("minima-k4", "sglang_minima.launch_server", ("--minima-key-bits", "4")),
-        *(ArmSpec(f"minima-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
+                (*K3, "--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
+        ArmSpec("minima-defer", "sglang_minima.launch_server", (*K3, "--minima-defer-prefill-conversion")),
+        *(ArmSpec(f"minima-recent{n}", "sglang_minima.launch_server", (*K3, "--minima-recent-pages", str(n)))
           for n in (8, 16, 32)),
-        ArmSpec("minima-sink4", "sglang_minima.launch_server", ("--minima-sink-pages", "4")),
-        ArmSpec("minima-anchor8", "sglang_minima.launch_server", ("--minima-anchor-pages", "8")),
+        ArmSpec("minima-sink4", "sglang_minima.launch_server", (*K3, "--minima-sink-pages", "4")),
+        ArmSpec("minima-anchor8", "sglang_minima.launch_server", (*K3, "--minima-anchor-pages", "8")),
     )
 }
 
@@ -466,7 +473,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="answer only the first LIMIT of the --n examples per task and length (resume later)")
     ap.add_argument("--seed", type=int, default=42, help="RULER generator seed (also the bootstrap's)")
     ap.add_argument("--arms", default=None,
-                    help="default: bf16,fp8,minima-nostale,minima,minima-aggressive (on CPU without fp8)")
+                    help=f"default: {GPU_ARMS} (on CPU without fp8)")
     ap.add_argument("--reference", default=None,
                     help="arm the paired differences are taken against: fp8, on CPU minima-nostale")
     ap.add_argument("--chunked-prefill-sizes", default="default,256",

@@ -69,9 +69,9 @@ class MinimaConfig:
         0, "Seed of the randomized Hadamard rotations (one per layer and KV head)."
     )
     key_bits: int = _option(
-        3,
-        "Bits per key code of Stale (TQ3) pages: 3, or 4 (a 16-level codebook, +1 bit per key element; "
-        "values stay 3-bit). 4 runs on minima_native only: the GPU kernels read 3-bit keys.",
+        4,
+        "Bits per key code of Stale (TQ3) pages: 4 (a 16-level codebook) or 3 (8 levels: 1 bit less per key "
+        "element, more tokens per byte, a larger loss in retrieval); values are 3-bit either way.",
     )
 
     def __post_init__(self) -> None:
