@@ -33,7 +33,8 @@ from minima_kernels.common import MAX_SPLITS, key_centroids_fp16
 from minima_kernels.heuristics import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, slots_per_pair, tilelang_fp8_preferred
 from render_decode import previous_ms
 from wrapper_parts import run_fp8, run_glue, run_tq3
-from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, tq3_codebook
+from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, key_codebook
+from sglang_minima.config import MinimaConfig
 
 ROOFLINE_TBPS = 4.2
 PAGE = 64
@@ -75,13 +76,13 @@ def flashinfer_decode(
     return lambda: w.run(q, (k, v), k_scale=scales[0], v_scale=scales[1], out=out, lse=lse, return_lse=True)
 
 
-def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str) -> torch.Tensor:
+def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str, key_bits: int = 3) -> torch.Tensor:
     """n_pages TQ3P pages: TQ3_BASE_PAGES encoded from random K/V by the torch codec (on the GPU), tiled."""
-    layout = TQ3PageLayout(h, PAGE, d)
+    layout = TQ3PageLayout(h, PAGE, d, key_bits)
     base = min(n_pages, TQ3_BASE_PAGES)
     k = torch.randn(base, h, PAGE, d, device=dev)
     v = torch.randn(base, h, PAGE, d, device=dev)
-    pages = encode_pages(k, v, layout, rotation, tq3_codebook(d))
+    pages = encode_pages(k, v, layout, rotation, key_codebook(d, key_bits))
     reps = math.ceil(n_pages / base)
     return pages.repeat(reps, 1)[:n_pages].contiguous()
 
@@ -99,16 +100,18 @@ def split_sweep(wrapper, plan_args: tuple, mixed, knob: str, candidates: set[int
 FUSED_WEIGHTS = (0.5, 1.0, 2.0)  # FP8 chunk weights of the fused decode's split rule, timed at 75% Stale
 
 
-def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str, lean: bool = False) -> list[dict]:
+def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str, lean: bool = False,
+               key_bits: int = 3) -> list[dict]:
     """All Stale fractions of one shape. ``lean``: FlashInfer, the mixed decode (the library's: fused)
     and the two-launch paths with each FP8 kernel, the TQ3 kernel alone, without the split sweeps,
-    build variants and per-part timings."""
+    build variants and per-part timings. ``key_bits``: the TQ3 pages' key width (the build variants
+    are 3-bit keys' only)."""
     hq, h, d = GEOMETRIES[geom]
     pages_per_req = ctx // PAGE
     n_pages = batch * pages_per_req
     tokens = batch * ctx
     bf16_bytes = tokens * h * d * 2 * 2
-    layout = TQ3PageLayout(h, PAGE, d)
+    layout = TQ3PageLayout(h, PAGE, d, key_bits)
     pool_bytes = bf16_bytes * 3 // 2 + n_pages * layout.page_bytes
     if pool_bytes > MAX_POOL_BYTES:
         return [{"geom": geom, "batch": batch, "ctx": ctx, "skipped": f"pools need {pool_bytes / 2**30:.0f} GiB"}]
@@ -151,10 +154,10 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
     signs = rotation.signs.to(dev)
     max_tq3 = round(max(STALE) * pages_per_req)
-    tq3 = tq3_pool(max(batch * max_tq3, 1), h, d, rotation, dev)
+    tq3 = tq3_pool(max(batch * max_tq3, 1), h, d, rotation, dev, key_bits)
     tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
     fp8_perm_cpu = perm.cpu()
-    wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE)
+    wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, key_bits=key_bits)
     variant_wrappers = {}  # MIXED_TQ3_VARIANTS' mixed decodes
     one_page_wrapper = None  # the TileLang FP8 decode with 1 page per step
     for frac in STALE:
@@ -218,7 +221,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
                 wrapper, plan_args, mixed, "num_splits", {chosen // 4, chosen // 2, chosen, min(2 * chosen, n_tq3)}
             )
             wrapper.plan(*plan_args)
-        if n_tq3 and n_fp8 and frac in (0.75, 0.9) and batch == 1 and not lean:
+        if n_tq3 and n_fp8 and frac in (0.75, 0.9) and batch == 1 and not lean and key_bits == 3:
             seen = [tile_config(0, PAGE, d, batch)]  # builds equal to the library's (at head dim 256: both) are not re-timed
             for name in MIXED_TQ3_VARIANTS:
                 build = variant_build(d, name)
@@ -233,7 +236,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # the TileLang FP8 decode with 1 page per step at every split length (the build before
             # fp8_tile_config's 2 pages per step for splits of 8 pages and more)
             one_page = one_page_wrapper or MinimaDecodeWrapper(
-                workspace, hq, h, d, PAGE, fp8_kernel="tilelang", fp8_config={"pages_per_step": 1}
+                workspace, hq, h, d, PAGE, fp8_kernel="tilelang", fp8_config={"pages_per_step": 1}, key_bits=key_bits
             )
             one_page_wrapper = one_page
             one_page.plan(*plan_args)
@@ -419,21 +422,21 @@ def token_granular_fp8(workspace: torch.Tensor, dev: str) -> dict:
     return {"geom": "32q/8kv/128", "batch": batch, "ctx": ctx, "page64_ms": paged_ms, "token_granular_ms": token_ms}
 
 
-def conversion_throughput(dev: str) -> list[dict]:
+def conversion_throughput(dev: str, key_bits: int = 3) -> list[dict]:
     rows = []
     for geom, (hq, h, d) in GEOMETRIES.items():
         n = 4096
-        layout = TQ3PageLayout(h, PAGE, d)
+        layout = TQ3PageLayout(h, PAGE, d, key_bits)
         rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
         k = (torch.randn(n, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
         v = (torch.randn(n, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
         pages = torch.empty(n, layout.page_bytes, dtype=torch.uint8, device=dev)
         ids = torch.randperm(n, device=dev).to(torch.int32)
         fwd_ms, _ = bench_ms(
-            partial(fp8_to_tq3, k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5), graph=False
+            partial(fp8_to_tq3, k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5, key_bits=key_bits), graph=False
         )
         bwd_ms, _ = bench_ms(
-            partial(tq3_to_fp8, pages, ids, ids, k, v, rotation, k_scale=0.5, v_scale=0.5), graph=False
+            partial(tq3_to_fp8, pages, ids, ids, k, v, rotation, k_scale=0.5, v_scale=0.5, key_bits=key_bits), graph=False
         )
         fp8_bytes = n * PAGE * h * d * 2
         rows.append(
@@ -461,6 +464,8 @@ def main() -> None:
     ap.add_argument(
         "--config", action="append", default=[], metavar="GEOM:BATCH:CTX", help="only these decode shapes (repeatable)"
     )
+    ap.add_argument("--key-bits", type=int, choices=(3, 4), default=MinimaConfig().key_bits,
+                    help="the TQ3 pages' key width (--minima-key-bits; default: the launcher's)")
     args = ap.parse_args()
     dev = "cuda"
     t0 = time.time()
@@ -470,6 +475,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "roofline_tbps": ROOFLINE_TBPS,
         "page_size": PAGE,
+        "key_bits": args.key_bits,
         "tilelang_fp8_max_tokens": TILELANG_FP8_MAX_TOKENS,  # fp8_kernel="auto"'s thresholds, by head dim
         "decode": [],
         "not_run": [],
@@ -480,7 +486,7 @@ def main() -> None:
             json.dump(result, f, indent=1)
 
     if not (args.skip_conversion or args.variants_only):
-        result["conversion"] = conversion_throughput(dev)
+        result["conversion"] = conversion_throughput(dev, args.key_bits)
         save()
     if not (args.config or args.lean):
         result["tq3_variants"] = tq3_variants(dev)
@@ -497,7 +503,7 @@ def main() -> None:
             result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})
             continue
         try:
-            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev, args.lean))
+            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev, args.lean, args.key_bits))
         except Exception as e:  # noqa: BLE001 - one failing shape must not lose the rest
             result["not_run"].append(
                 {"geom": geom, "batch": batch, "ctx": ctx, "why": f"{type(e).__name__}: {e}"[:300]}
@@ -523,7 +529,8 @@ def print_variants(result: dict) -> None:
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  roofline {result['roofline_tbps']} TB/s")
+    print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  {result.get('key_bits', 3)}-bit keys  "
+          f"roofline {result['roofline_tbps']} TB/s")
     print(
         f"{'geom':12} {'B':>3} {'ctx':>6} {'stale':>5} | {'FI bf16 ms':>10} {'FI fp8 ms':>9} {'minima ms':>9} {'x fp8':>6} | "
         f"{'fp8 TB/s':>8} {'min TB/s':>8} {'tq3 TB/s':>8} {'tq3 %roof':>9} {'splits':>6} {'FI fp8 after':>12} {'serial ms':>9} | "

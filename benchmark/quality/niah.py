@@ -55,6 +55,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,13 +87,12 @@ class ArmSpec:
     def is_minima(self) -> bool:
         return self.module == "sglang_minima.launch_server"
 
-    @property
-    def key_bits(self) -> int:
-        if "--minima-key-bits" in self.flags:
-            return int(self.flags[self.flags.index("--minima-key-bits") + 1])
-        from sglang_minima.config import MinimaConfig
+    def key_bits(self, extra_flags: Sequence[str] = ()) -> int:
+        """The Stale key width this arm's server runs, ``extra_flags`` (``--server-args``) after its
+        own as the launcher reads them (the last value of a flag wins)."""
+        from sglang_minima.config import parse_minima_argv, split_minima_argv
 
-        return MinimaConfig().key_bits
+        return parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0]).key_bits
 
     @property
     def converts(self) -> bool:
@@ -269,7 +269,7 @@ def kv_geometry(model_path: Path) -> tuple[int, int]:
 
 
 def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: tuple[int, int], page_size: int,
-                    dtype: str) -> float | None:
+                    dtype: str, extra_flags: Sequence[str] = ()) -> float | None:
     """KV bytes per attended token and layer (K and V, every KV head): the model dtype's for BF16 KV,
     FP8's for the FP8 arms, and for Minima the mix of FP8 and TQ3 tokens its attention read."""
     from sglang_minima.codec.accounting import fp8_bytes, tq3_bytes
@@ -281,7 +281,7 @@ def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: t
         return fp8 if "fp8_e4m3" in spec.flags else fp8 * {"float32": 4, "float": 4}.get(dtype, 2)
     if hot_tokens + tq3_tokens == 0:
         return None if spec.converts else fp8
-    tq3 = tq3_bytes(TQ3PageLayout(heads, page_size, dim, key_bits=spec.key_bits)).per_token
+    tq3 = tq3_bytes(TQ3PageLayout(heads, page_size, dim, key_bits=spec.key_bits(extra_flags))).per_token
     return (hot_tokens * fp8 + tq3_tokens * tq3) / (hot_tokens + tq3_tokens)
 
 
@@ -340,7 +340,7 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 "cells": len(arm_cells),
                 "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for c in arm_cells),
                 "bytes_per_token": bytes_per_token(ARMS[arm], hot_tok, tq3_tok, args.geometry, args.page_size,
-                                                   args.dtype),
+                                                   args.dtype, shlex.split(getattr(args, "server_args", ""))),
             }
     return result
 

@@ -10,7 +10,10 @@ same harness flags. Per arm: seconds until /health answers; greedy ``output_ids`
 CPU run of the same prompts): a figure, not an assertion.
 
 Arms:
-  minima       Minima defaults (Recent/Anchor FP8, Stale TQ3; attention: minima on GPU, minima_native on CPU)
+  minima       Minima defaults (Recent/Anchor FP8, Stale TQ3 with 4-bit keys; attention: minima on GPU,
+               minima_native on CPU)
+  minima-k3    Minima with 3-bit Stale keys (--minima-key-bits 3): the defaults of every figure before
+               2026-12-03 13:00 UTC, greedy_cpu.json's included
   minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
   minima-defer Minima with --minima-defer-prefill-conversion (a prompt's pages stay FP8 until its prefill ends)
   minima-native  Minima with --attention-backend minima_native (the torch path; on GPU tensors there)
@@ -88,6 +91,7 @@ def arms(device: str) -> dict[str, Arm]:
     sglang = sglang_flags("flashinfer" if device == "cuda" else "torch_native")
     return {
         "minima": Arm("minima", "sglang_minima.launch_server", []),
+        "minima-k3": Arm("minima-k3", "sglang_minima.launch_server", ["--minima-key-bits", "3"]),
         "minima-eager": Arm("minima-eager", "sglang_minima.launch_server", ["--cuda-graph-backend-decode", "disabled"]),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
         "minima-defer": Arm("minima-defer", "sglang_minima.launch_server", ["--minima-defer-prefill-conversion"]),

@@ -97,7 +97,8 @@ class MinimaDecodeWrapper:
     min_blocks; also the fused kernel's); ``fp8_config``: of the TileLang FP8 decode over
     ``fp8_tile_config``'s (e.g. pages_per_step). ``key_bits``: the TQ3 pages' key code width, 3 or 4
     (``--minima-key-bits``; docs/TQ3P.md): the TQ3 and fused decodes read it, the tile configs are
-    3-bit keys' (4-bit keys add a 32 KB key table and a fourth piece per key lane stream).
+    3-bit keys', sized down for 4-bit keys' shared memory (a 32 KB key table and a fourth piece per key
+    lane stream; ``heuristics.tile_config``), not yet timed on a GPU.
 
     After ``plan``, ``decode`` is the bound path (decode_paths.py): its page lists (``tq3_plan``,
     ``fp8_plan``), kernels and outputs; ``path`` is the choice that made it.

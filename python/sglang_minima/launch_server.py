@@ -7,7 +7,7 @@ Unless the user chose otherwise, Minima's attention and radix-cache backends are
 default model (SmolLM2-135M-Instruct) is served. The attention backend is ``minima`` on CUDA (decode
 through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
-``--minima-attention-score-anchors``; 4-bit Stale keys: ``--minima-key-bits 4``) selects ``minima_native``, and is refused with
+``--minima-attention-score-anchors``) selects ``minima_native``, and is refused with
 ``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
 inside the graph); extend batches are planned on the host, so prefill graphs are off by default and
 whole-forward ones (``full``) are refused. ``--cuda-graph-backend-prefill breakable`` is accepted

@@ -83,10 +83,12 @@ def tilelang_jobs(decode_only: bool, geometries=None):
                 ),
             )
         if not decode_only:
-            # the conversions as the memory system builds them (PageConversions holds their constants)
-            yield f"fp8_to_tq3 {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).encode_kernel
-            yield f"tq3_to_fp8 {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).decode_kernel
-            yield f"tq3 tile {h}/{d}/p{p}", lambda h=h, p=p, d=d: PageConversions(h, p, d).dequant_kernel
+            # the conversions as the memory system builds them (PageConversions holds their constants), both key widths
+            for bits in (3, 4):
+                conv = lambda h=h, p=p, d=d, bits=bits: PageConversions(h, p, d, bits)  # noqa: E731
+                yield f"fp8_to_tq3 {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().encode_kernel
+                yield f"tq3_to_fp8 {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().decode_kernel
+                yield f"tq3 tile {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().dequant_kernel
 
 
 def variant_jobs():
@@ -134,39 +136,40 @@ def flashinfer_jobs(geometries=BENCH_GEOMETRIES):
             yield f"flashinfer {hq}/{h}/{d} {dtype} tensor_cores={tensor_cores}", build
 
 
-def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=(3,)):
-    """The kernels a server builds for the device e2e suite's models: the decode kernels
-    (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does, for each of
-    ``key_bits``: ``--minima-key-bits``), the pool's conversions and the prefill's FlashInfer modules,
-    so its servers find them built."""
+def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=None):
+    """The kernels a server builds for the device e2e suite's models, for each of ``key_bits``
+    (``--minima-key-bits``; default: the launcher's): the decode kernels (``MinimaDecodeWrapper.compile``,
+    as ``--attention-backend minima`` does), the pool's conversions and the prefill (its FlashInfer
+    modules and TQ3 tile decoder), so its servers find them built."""
     from minima_kernels import MinimaDecodeWrapper
+    from sglang_minima.config import MinimaConfig
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     for hq, h, d, p in geometries:
-        for bits in key_bits:
+        for bits in key_bits or (MinimaConfig().key_bits,):
             yield (
                 f"serving decode {hq}/{h}/{d}/p{p} k{bits}",
                 lambda hq=hq, h=h, d=d, p=p, bits=bits: MinimaDecodeWrapper(
                     workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=bits
                 ).compile(),
             )
-        for bits in key_bits:
-            # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's
-            # pool is made, and the prefill's TQ3 tile decoder
+            # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's pool is made
             conv = lambda h=h, d=d, p=p, bits=bits: PageConversions(h, p, d, bits)  # noqa: E731
             yield f"serving retier {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().encode_kernel
             yield f"serving promote {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().decode_kernel
-            yield f"serving prefill tile {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().dequant_kernel
-        # the extend path's two FlashInfer modules (JIT): ragged bf16 and paged FP8 prefill
-        yield f"serving prefill {hq}/{h}/{d}", lambda hq=hq, h=h, d=d, p=p: warm_prefill(workspace, hq, h, d, p)
+            # the extend path: its two FlashInfer modules (JIT, ragged bf16 and paged FP8) and the TQ3 tile
+            yield (
+                f"serving prefill {hq}/{h}/{d}/p{p} k{bits}",
+                lambda hq=hq, h=h, d=d, p=p, bits=bits: warm_prefill(workspace, hq, h, d, p, bits),
+            )
 
 
-def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int) -> None:
+def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int, key_bits: int) -> None:
     """One tiny extend over a hot prefix through MinimaPrefillWrapper: FlashInfer compiles (or loads)
     both of its modules, the ones a server's first prompt would otherwise wait for."""
     from minima_kernels.prefill import MinimaPrefillWrapper
 
-    w = MinimaPrefillWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5)
+    w = MinimaPrefillWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=key_bits)  # builds its TQ3 tile decoder
     i32 = dict(dtype=torch.int32)
     w.plan(torch.tensor([0, 2], **i32), torch.tensor([0, 3], **i32), torch.arange(3, device="cuda", **i32), None, ())
     bf16 = dict(dtype=torch.bfloat16, device="cuda")
@@ -181,8 +184,8 @@ def main() -> int:
     if "--serving" in sys.argv:
         # --geometries HQ/H/D/P,...: only these (e.g. 9/3/64/64, SmolLM2's), with the FlashInfer decode
         # modules SGLang's own FP8 arm loads, so both kinds of server start warm; --key-bits 3,4: the
-        # decode builds of each key width (default 3)
-        bits = (3,)
+        # builds of each key width (default: the launcher's, --minima-key-bits)
+        bits = None  # the launcher's default
         if "--key-bits" in sys.argv:
             bits = tuple(int(b) for b in sys.argv[sys.argv.index("--key-bits") + 1].split(","))
         if "--geometries" in sys.argv:

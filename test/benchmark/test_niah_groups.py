@@ -73,3 +73,5 @@ def test_bytes_per_token_follows_the_codecs_page_accounting():
     assert niah.bytes_per_token(niah.ARMS["minima"], 0, 7, geo, 64, "bfloat16") == 3 * (3 * 64 * 2 / 8 + 3 * 2)
     assert niah.bytes_per_token(niah.ARMS["minima-k4"], 0, 7, geo, 64, "bfloat16") == 3 * (7 * 64 / 8 + 3 * 2)
     assert niah.bytes_per_token(niah.ARMS["minima"], 0, 0, geo, 64, "bfloat16") is None  # read nothing: unknown
+    # --server-args come after the arm's flags, and the launcher takes a flag's last value
+    assert niah.bytes_per_token(niah.ARMS["minima"], 0, 7, geo, 64, "bfloat16", ["--minima-key-bits=4"]) == 3 * (7 * 64 / 8 + 3 * 2)

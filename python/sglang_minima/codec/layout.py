@@ -14,8 +14,8 @@ One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one co
     + kc + vc + 2*meta             v_zero   fp16  [num_kv_heads, page_size]
 
 (kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV
-head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, the default) or 4 (keys
-with a 16-level codebook, ``--minima-key-bits 4``); values are always 3-bit.
+head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, this class's default) or 4
+(keys with a 16-level codebook: the server's default, ``--minima-key-bits``); values are always 3-bit.
 
 Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
 so that each lane of a warp copies its own words with coalesced vector copies and turns them into

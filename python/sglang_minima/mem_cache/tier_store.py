@@ -93,7 +93,7 @@ class StoreShape:
     hot_dtype: torch.dtype
     """Logical dtype of hot pages: torch.float8_e4m3fn, or the model dtype."""
     key_bits: int = TQ3_BITS
-    """Key code width of TQ3 pages (``--minima-key-bits``): 3, or 4 (torch codec and path only)."""
+    """Key code width of TQ3 pages (``--minima-key-bits``, whose default is 4): 3 or 4."""
 
     def __post_init__(self) -> None:
         check_geometry(self.page_size, self.head_dim)
@@ -178,8 +178,8 @@ class TieredPageStore:
             for i in range(shape.num_layers)
         ]
         self.codebook: Codebook = key_codebook(shape.head_dim, shape.key_bits).to(self.device)
-        # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes; 3-bit keys
-        # only); else the torch codec.
+        # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes, 3- or 4-bit
+        # keys); else the torch codec.
         self.kernels: KernelConversions | None = kernel_conversions(self) if conversion_kernels else None
         self.conversion_stream = conversion_stream if conversion_stream is not None else conversion_stream_for(self.device)
         self.pending: list[PendingConversion] = []  # launch order
