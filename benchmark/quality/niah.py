@@ -33,6 +33,7 @@ Arms (``--arms``):
   minima-recentN     minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
   minima-sink4       minima with four sink pages.
   minima-anchor8     minima with an Anchor budget of eight pages per request (filled by age and structure).
+  minima-k4-recentN  Minima defaults (4-bit keys) with N Recent pages (8, 16).
 
 The frontier: every run's macro score against the KV bytes per token it attended (per layer, from
 the route counters' hot and TQ3 token reads and the codec's page accounting), in the report and in
@@ -116,6 +117,9 @@ ARMS: dict[str, ArmSpec] = {
           for n in (8, 16, 32)),
         ArmSpec("minima-sink4", "sglang_minima.launch_server", (*K3, "--minima-sink-pages", "4")),
         ArmSpec("minima-anchor8", "sglang_minima.launch_server", (*K3, "--minima-anchor-pages", "8")),
+        # the two levers together: 4-bit keys (the defaults) and a longer Recent window
+        *(ArmSpec(f"minima-k4-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
+          for n in (8, 16)),
     )
 }
 
