@@ -193,6 +193,10 @@ def test_the_device_split_equals_the_per_request_one(shapes, shared, overlap):
         assert overlap
         return
     got = split_extend(fplan, q_lens, kv_lens)
+    if not bool((fmt == FMT_TQ3).any()):  # what a pool holding no TQ3 page lets the backend skip: the same split
+        same = split_extend(fplan, q_lens, kv_lens, tq3_possible=False)
+        assert same.tq3 == () and torch.equal(same.prefix_indptr, got.prefix_indptr)
+        assert torch.equal(same.prefix_slots, got.prefix_slots)
     assert torch.equal(got.qo_indptr, want.qo_indptr) and got.qo_indptr.device.type == "cpu"
     assert torch.equal(got.prefix_indptr, want.prefix_indptr) and got.prefix_indptr.device.type == "cpu"
     assert got.prefix_slots.dtype == torch.int32 and torch.equal(got.prefix_slots, want.prefix_slots)

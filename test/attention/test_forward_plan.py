@@ -153,6 +153,28 @@ def test_the_extend_split_reads_the_device_once_on_cuda():
     assert [t.pages.cpu().tolist() for t in split.tq3] == [t.pages.tolist() for t in cpu.tq3] == [[1, 2, 3]]
 
 
+@pytest.mark.gpu
+def test_an_extend_split_without_tq3_pages_reads_nothing_on_cuda():
+    """A pool that holds no TQ3 page (Stale disabled, or nothing converted yet) lets the backend skip
+    split_extend's host read: no sync at all, the same split as with the read."""
+    req_to_token = (torch.arange(64, dtype=torch.int32).view(2, 32) + PS).cuda()
+    fmt = torch.full((17,), FMT_HOT, dtype=torch.int8, device="cuda")
+    phys = torch.arange(17, dtype=torch.int32, device="cuda")
+    rows, kv_lens, q_lens = [0, 1], [30, 17], [9, 17]
+    args = (to_device(rows, torch.int64, "cuda"), to_device(kv_lens, torch.int32, "cuda"),
+            to_device(q_lens, torch.int32, "cuda"))
+    plan = plan_forward(req_to_token, *args, fmt, phys, PS, max_pages=8)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        split = split_extend(plan, q_lens, kv_lens, tq3_possible=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    read = split_extend(plan, q_lens, kv_lens)
+    assert split.tq3 == read.tq3 == () and torch.equal(split.prefix_indptr, read.prefix_indptr)
+    assert torch.equal(split.prefix_slots, read.prefix_slots)
+
+
 @settings(max_examples=100, deadline=None)
 @given(batches())
 def test_device_route_counts_are_the_host_counts_of_the_real_rows(case):

@@ -355,3 +355,13 @@ def test_a_decode_over_tq3_pages_reports_its_scratch():
     h.pool.stats.peak_scratch_bytes = 0  # count the decode alone
     h.step({1: 1}, ForwardMode.DECODE)
     assert h.pool.stats.peak_scratch_bytes >= 2 * 3 * HKV * PS * D * 4  # K and V of 3 pages, fp32
+
+
+def test_the_pool_says_when_it_holds_tq3_pages(monkeypatch):
+    """MinimaKVPool.holds_tq3_pages, from the TQ3 free list alone: False until a page converts (the
+    extend split then skips its device read), True while any is mapped."""
+    h = Harness.real(monkeypatch)
+    h.step({1: 3 * PS + 1}, ForwardMode.EXTEND)
+    assert not h.pool.holds_tq3_pages
+    h.retier_prefix(1, 2)
+    assert h.pool.holds_tq3_pages and int((h.pool.page_table.fmt == FMT_TQ3).sum()) == 2

@@ -156,6 +156,12 @@ class MinimaKVPool(MHATokenToKVPool):
     def stats(self) -> MinimaStats:
         return self.store.stats
 
+    @property
+    def holds_tq3_pages(self) -> bool:
+        """Whether any TQ3 page is mapped, converting or quarantined (host bookkeeping, no device
+        read): False means no logical page can be TQ3 now, nor until the next conversion starts."""
+        return self.store.tq3_pool.num_held > 0
+
     def hot_k_buffer(self, layer_id: int) -> torch.Tensor:
         return self.store.hot_k[self.local_layer(layer_id)]
 

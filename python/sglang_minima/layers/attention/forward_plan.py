@@ -165,16 +165,20 @@ def _csr(mask: torch.Tensor, page_phys: torch.Tensor, page_number: torch.Tensor)
     return FormatPages(indptr, pages[:capacity], index[:capacity])
 
 
-def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int]) -> ExtendPlan:
+def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int], *, tq3_possible: bool = True) -> ExtendPlan:
     """``plan.plan_extend``'s split (new tokens, hot prefix, TQ3 pages) from the forward plan of an
     extend batch (``plan_forward`` with its extend lengths as ``q_lens``), with one host read for the
     whole batch: each request's TQ3 page count and its last TQ3 page, where the per-request planner
     reads the device several times per request. ``q_lens`` / ``kv_lens`` are SGLang's host lists.
-    Raises ValueError where plan_extend does (a TQ3 page not wholly before its request's queries)."""
+    ``tq3_possible=False`` (the caller knows no page is TQ3: the pool holds none) skips the read, so
+    the split waits for nothing on the device. Raises ValueError where plan_extend does (a TQ3 page
+    not wholly before its request's queries)."""
     p, batch, device = plan.page_size, plan.batch_size, plan.kv_lens.device
-    tq3_counts = plan.tq3.counts
-    last = plan.tq3.page_index[(plan.tq3.indptr[1:] - 1).clamp(min=0).to(torch.int64)]
-    n_tq3, last_page = torch.stack([tq3_counts, last]).cpu().tolist()  # the one host read
+    if tq3_possible:
+        last = plan.tq3.page_index[(plan.tq3.indptr[1:] - 1).clamp(min=0).to(torch.int64)]
+        n_tq3, last_page = torch.stack([plan.tq3.counts, last]).cpu().tolist()  # the one host read
+    else:
+        n_tq3 = last_page = [0] * batch
     prefix_lens = []
     for n, page, kv_len, q_len in zip(n_tq3, last_page, kv_lens, q_lens):
         if n:

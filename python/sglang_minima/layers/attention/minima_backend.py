@@ -7,7 +7,8 @@ and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill a
 ``minima_kernels.MinimaPrefillWrapper`` over a split of each request's keys (``plan.ExtendPlan``):
 FlashInfer over the new tokens (causal) and the FP8 hot prefix, the TQ3 prefix in bounded tiles, one
 LSE merge. The split is made from the forward plan (``forward_plan.split_extend``, equal to the
-per-request ``plan.plan_extend``: one host read per step, the batch's TQ3 page counts) and the
+per-request ``plan.plan_extend``: one host read per step, the batch's TQ3 page counts, none while
+the pool holds no TQ3 page) and the
 step's routes are counted on the device; a batch the split refuses takes the torch path and counts
 as a fallback.
 
@@ -99,7 +100,8 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             max(-(-k // p) for k in kv_lens),
         )
         try:
-            self._extend = split_extend(plan, q_lens, kv_lens)
+            # no TQ3 page held (Stale disabled, or none converted yet): no host read, no wait for the device
+            self._extend = split_extend(plan, q_lens, kv_lens, tq3_possible=pool.holds_tq3_pages)
         except ValueError as e:  # this step only: the torch path masks by position
             logger.warning("minima: extend step on the torch path: %s", e)
             return False
