@@ -25,6 +25,14 @@ def log2_int(n: int) -> int:
     return n.bit_length() - 1
 
 
+def key_bits_of(centroids) -> int:
+    """The key code width a key codebook's size gives: 8 centroids, 3-bit keys; 16, 4-bit keys (the
+    kernels take their width from the codebook they are built with)."""
+    if len(centroids) not in (8, 16):
+        raise ValueError(f"{len(centroids)} key centroids: 8 (3-bit keys) or 16 (4-bit keys)")
+    return 4 if len(centroids) == 16 else 3
+
+
 def key_centroids_fp16(head_dim: int, key_bits: int = 3) -> tuple[float, ...]:
     """The key codebook of ``key_bits``-bit Stale keys rounded to fp16 (the kernel's GEMM operand
     precision): 8 centroids, or 16 for 4-bit keys (the decode kernels read the width from the count)."""

@@ -43,7 +43,7 @@ from sglang_minima.codec.layout import (
 )
 from sglang_minima.codec.rotation import LayerRotation, fp32_inv_sqrt, is_power_of_two
 
-from .common import EXACT_FP32, log2_int
+from .common import EXACT_FP32, key_bits_of, log2_int
 
 FLT_MIN = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: squared norms below it code as zero
 
@@ -69,6 +69,13 @@ def _count_below(thresholds: tuple[float, ...], u):
 def _chunk_codes(code_s, chunk):
     """code(token, dim) of a 16-token chunk of the shared code tile, as uint32 (for layout.lane_word)."""
     return lambda t, d: T.Cast(T.uint32, code_s[chunk * CHUNK_TOKENS + t, d])
+
+
+@T.macro
+def _store_word(tq3, dst, base, word):
+    """Store the uint32 ``word`` as 4 little-endian bytes at byte ``base`` of page ``dst``."""
+    for b in T.unroll(4):
+        tq3[dst, base + b] = T.Cast(T.uint8, (word >> (8 * b)) & 0xFF)
 
 
 def _store_key4_word(code_s, chunk, lane, word, w):
@@ -133,7 +140,7 @@ def fp8_to_tq3_kernel(
     kv_scale [2] fp32 (per-layer k and v scale), tq3 [n_tq3, page_bytes] uint8 and the same storage
     as tq3_f16 [n_tq3, page_bytes/2] fp16 (written). ``centroids`` / ``thresholds``: the key
     codebook's (8 or 16 levels: 3- or 4-bit keys)."""
-    key_bits = log2_int(len(centroids))
+    key_bits = key_bits_of(centroids)
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)
@@ -158,8 +165,7 @@ def fp8_to_tq3_kernel(
             for j in T.unroll(TRIPLE_WORDS):
                 word = lane_word(kind, lane, triple, j, _chunk_codes(code_s, chunk))
                 base = offset + h * hb + 4 * ((chunk * LANES + lane) * lane_words + TRIPLE_WORDS * triple + j)
-                for b in T.unroll(4):
-                    tq3[dst, base + b] = T.Cast(T.uint8, (word >> (8 * b)) & 0xFF)
+                _store_word(tq3, dst, base, word)
 
     @T.macro
     def pack_keys4(code_s, dst, h, tq3):
@@ -168,8 +174,7 @@ def fp8_to_tq3_kernel(
         for chunk, lane, k in T.Parallel(P // CHUNK_TOKENS, LANES, lane_words):
             word = key4_word(lane, k, _chunk_codes(code_s, chunk))
             base = layout.k_codes_offset + h * hb + 4 * ((chunk * LANES + lane) * lane_words + k)
-            for b in T.unroll(4):
-                tq3[dst, base + b] = T.Cast(T.uint8, (word >> (8 * b)) & 0xFF)
+            _store_word(tq3, dst, base, word)
 
     @T.macro
     def zero_padding(tq3, dst, h):
@@ -283,7 +288,7 @@ def tq3_to_fp8_kernel(
     ``centroids``: the key codebook's (8 or 16: 3- or 4-bit keys)."""
     if output not in ("fp8_pages", "bf16_heads"):
         raise ValueError(f"output={output!r}: 'fp8_pages' or 'bf16_heads'")
-    key_bits = log2_int(len(centroids))
+    key_bits = key_bits_of(centroids)
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)

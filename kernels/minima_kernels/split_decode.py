@@ -44,7 +44,7 @@ from types import SimpleNamespace
 import tilelang.language as T
 from sglang_minima.codec.layout import CHUNK_TOKENS, LANES, PAIRS_PER_TRIPLE, TRIPLE_WORDS, TQ3PageLayout
 
-from .common import LOG2E, TQ3_HEADS_PER_TILE as HEADS_PER_TILE
+from .common import LOG2E, TQ3_HEADS_PER_TILE as HEADS_PER_TILE, key_bits_of
 from .device_source import fp8_chunk_bytes, fp8_device_source, tq3_device_source
 
 TQ3_BUILD_OPTIONS = ("min_blocks", "warps", "stages", "step_chunks", "shift_by_imad")  # tq3_decode_kernel's
@@ -69,9 +69,7 @@ def split_decode(
     """The prim_func of ``tq3_decode_kernel`` (``fp8_step_chunks`` 0) or of ``mixed_decode_kernel``.
     The key codebook's size is the key code width: 8 centroids, 3-bit keys; 16, 4-bit keys (their lane
     streams are 4 pieces instead of 3, one byte per pair: ``device_source._key4_table_source``)."""
-    if len(centroids) not in (8, 16):
-        raise ValueError(f"{len(centroids)} key centroids: 8 (3-bit keys) or 16 (4-bit keys)")
-    key_bits = 4 if len(centroids) == 16 else 3
+    key_bits = key_bits_of(centroids)
     k4 = key_bits == 4
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
