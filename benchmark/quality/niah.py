@@ -13,7 +13,9 @@ examples never read a TQ3 page is marked: it says nothing about TQ3.
 Resumable: answers are appended to ``OUT/answers/<arm>@<chunk>.jsonl`` group by group, groups in
 index-major order (a run stopped early, e.g. by ``--time-budget-s``, has covered every task and length
 evenly); a rerun skips the examples already answered (a run with nothing left to do is not even
-launched). Several processes may answer different arms into one OUT side by side (``--port``); then
+launched). Committed answers are gzipped (``<arm>@<chunk>.jsonl.gz``, a tenth of the bytes: the
+device harness carries the working tree): they are read as they are, and a rerun that resumes one
+unpacks it to the ``.jsonl`` it appends to (the ``.jsonl``, a superset, wins where both exist). Several processes may answer different arms into one OUT side by side (``--port``); then
 ``--report-only`` over all of them. Then the
 report: RULER's string_match_all per task and length, paired differences against the reference
 arm (``--reference``, FP8 by default) with bootstrap 95% intervals over examples, macro scores,
@@ -49,6 +51,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -209,12 +212,15 @@ def generate_one(url: str, ex: Example, max_new_tokens: int) -> tuple[dict, floa
 
 def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url: str | None) -> None:
     """Answer the examples of ``run`` not yet in its JSONL, appending each group as it comes."""
-    path = args.out / "answers" / f"{run.label}.jsonl"
+    path = answers_path(args.out, run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = {json.loads(line)["key"] for line in path.read_text().splitlines()} if path.exists() else set()
+    lines = answer_lines(path)
+    done = {json.loads(line)["key"] for line in lines}
     groups = groups_of([ex for ex in examples if ex.key not in done], args.concurrency)
     if not groups or time.time() > args.deadline:
         return
+    if lines and not path.exists():  # resuming committed (gzipped) answers: append to their unpacked copy
+        path.write_text("".join(line + "\n" for line in lines))
     server = None
     if url is None:
         server = launch_arm(run, args)
@@ -289,11 +295,20 @@ def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: t
     return (hot_tokens * fp8 + tq3_tokens * tq3) / (hot_tokens + tq3_tokens)
 
 
+def answers_path(out: Path, run: Run) -> Path:
+    return out / "answers" / f"{run.label}.jsonl"
+
+
+def answer_lines(path: Path) -> list[str]:
+    """The lines of an answers JSONL, or of its gzipped copy where only that exists."""
+    if path.exists():
+        return path.read_text().splitlines()
+    gz = path.with_name(path.name + ".gz")
+    return gzip.decompress(gz.read_bytes()).decode().splitlines() if gz.exists() else []
+
+
 def load_answers(out: Path, run: Run) -> dict[str, dict]:
-    path = out / "answers" / f"{run.label}.jsonl"
-    if not path.exists():
-        return {}
-    return {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
+    return {r["key"]: r for r in map(json.loads, answer_lines(answers_path(out, run)))}
 
 
 def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -> dict:

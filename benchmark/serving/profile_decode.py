@@ -97,7 +97,7 @@ def profile_arm(name: str, args, work: Path) -> dict:
 
 def render(results: list[dict], args) -> str:
     lines = [
-        f"## Decode step profile ({e2e_device()}; {args.batch} requests x {args.input_len} prompt tokens, "
+        f"## Step profile ({e2e_device()}; {args.batch} requests x {args.input_len} prompt tokens, {args.output_len} output, "
         f"{args.steps} steps profiled)", "",
         "| arm | wall ms/step | GPU busy ms/step | " + " | ".join(SCOPES) + " |",
         "|---|---|---|" + "---|" * len(SCOPES),
@@ -109,6 +109,9 @@ def render(results: list[dict], args) -> str:
     for r in results:
         lines += ["", f"### {r['arm']}: top host ops (ms per step)", ""]
         lines += [f"- {k}: {v}" for k, v in r["top_host_ops_ms_per_step"].items()]
+        if r.get("top_runtime_calls_ms_per_step"):
+            lines += ["", f"### {r['arm']}: top CUDA runtime calls (ms per step; a host sync waits in these)", ""]
+            lines += [f"- {k}: {v}" for k, v in r["top_runtime_calls_ms_per_step"].items()]
         if r["top_gpu_kernels_ms_per_step"]:
             lines += ["", f"### {r['arm']}: top GPU kernels (ms per step)", ""]
             lines += [f"- {k[:120]}: {v}" for k, v in r["top_gpu_kernels_ms_per_step"].items()]

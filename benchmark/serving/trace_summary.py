@@ -1,5 +1,6 @@
 """A torch-profiler Chrome trace (what SGLang's /start_profile writes) summed per step: Minima's
-profiler scopes (host time), host ops, GPU kernels and the window's wall time. Pure Python:
+profiler scopes (host time), host ops, CUDA runtime calls (where a host sync waits), GPU kernels and
+the window's wall time. Pure Python:
 benchmark/serving/profile_decode.py reads it, test/benchmark tests it."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
     host: dict[str, float] = defaultdict(float)
     gpu: dict[str, float] = defaultdict(float)
     gpu_spans: dict[str, float] = defaultdict(float)
+    runtime: dict[str, float] = defaultdict(float)  # CUDA runtime / driver calls: a sync's wait shows here
     start, end = float("inf"), 0.0
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") != "X" or "dur" not in ev:
@@ -31,6 +33,8 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         start, end = min(start, float(ev["ts"])), max(end, float(ev["ts"]) + dur)
         if name in SCOPES:
             scopes[name] += dur
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            runtime[name] += dur
         elif cat == "cpu_op":
             host[name] += dur
 
@@ -46,4 +50,5 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         "scope_gpu_spans_ms_per_step": {k: round(gpu_spans.get(k, 0.0) / steps / 1000, 3) for k in SCOPES},
         "top_host_ops_ms_per_step": per_step(host),
         "top_gpu_kernels_ms_per_step": per_step(gpu),
+        "top_runtime_calls_ms_per_step": per_step(runtime),
     }

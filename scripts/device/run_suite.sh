@@ -103,7 +103,7 @@ niah)
   dir=${NIAH_DIR:-docs/results/quality_h200}
   ruler="$SGLANG_MINIMA_CACHE/ruler"; mkdir -p "$ruler"
   for t in .devbundle/ruler/*.tar.xz; do [ -f "$t" ] && tar -C "$ruler" -xJf "$t"; done
-  mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl "$WORK/niah/answers/" 2>/dev/null
+  mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4)
   timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 --key-bits 3,4 > "$WORK/warm.log" 2>&1

@@ -75,3 +75,21 @@ def test_bytes_per_token_follows_the_codecs_page_accounting():
     assert niah.bytes_per_token(niah.ARMS["minima"], 0, 0, geo, 64, "bfloat16") is None  # read nothing: unknown
     # --server-args come after the arm's flags, and the launcher takes a flag's last value
     assert niah.bytes_per_token(niah.ARMS["minima"], 0, 7, geo, 64, "bfloat16", ["--minima-key-bits=4"]) == 3 * (7 * 64 / 8 + 3 * 2)
+
+
+def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tmp_path):
+    import gzip
+
+    rows = [_row(i, 100.0, None) for i in range(4)]
+    (tmp_path / "answers").mkdir()
+    gz = tmp_path / "answers" / "fp8@default.jsonl.gz"
+    gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows[:3]).encode()))
+    run = niah.Run("fp8", "default")
+    assert sorted(niah.load_answers(tmp_path, run)) == [r["key"] for r in rows[:3]]
+    # a resume with every example answered launches nothing, and unpacks nothing either
+    args = Namespace(out=tmp_path, concurrency=2, deadline=float("inf"))
+    niah.answer_run(run, [_ex("niah_single_1", 1024, i) for i in range(3)], args, url=None)
+    assert not (tmp_path / "answers" / "fp8@default.jsonl").exists()
+    # the unpacked copy, a superset, wins over the gzip
+    (tmp_path / "answers" / "fp8@default.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(niah.load_answers(tmp_path, run)) == 4

@@ -21,6 +21,7 @@ def test_a_scope_counts_its_host_span_not_its_gpu_span():
         _ev("aten::add", "cpu_op", 100, 50),
         _ev("fused_kernel", "kernel", 300, 400),
         _ev("minima.plan", "user_annotation", 1500, 500),
+        _ev("cudaStreamSynchronize", "cuda_runtime", 1600, 300),
     ]}
     s = summarize_trace(trace, steps=2)
     assert s["scopes_ms_per_step"]["minima.lifecycle"] == 0.5
@@ -29,3 +30,4 @@ def test_a_scope_counts_its_host_span_not_its_gpu_span():
     assert s["wall_ms_per_step"] == 1.0  # host events only: 0 .. 2000 us over 2 steps
     assert s["gpu_ms_per_step"] == 0.2
     assert s["top_host_ops_ms_per_step"] == {"aten::add": 0.025}
+    assert s["top_runtime_calls_ms_per_step"] == {"cudaStreamSynchronize": 0.15}
