@@ -134,12 +134,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    results = [profile_arm(name, args, args.work) for name in tqdm(args.arms.split(","), desc="arms")]
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
-           "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    args.out.with_suffix(".md").write_text(render(results, args))
+    results = []
+    for name in tqdm(args.arms.split(","), desc="arms"):
+        results.append(profile_arm(name, args, args.work))
+        # written after every arm: a run cut short (a device call's limit) keeps the arms it profiled
+        out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
+               "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+        args.out.write_text(json.dumps(out, indent=1))
+        args.out.with_suffix(".md").write_text(render(results, args))
     print(render(results, args))
     return out
 

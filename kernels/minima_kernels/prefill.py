@@ -11,10 +11,15 @@ by LSE (base 2):
   for its own paged prefill, so both wrappers are the JIT modules SGLang's FP8 arm builds too;
 - its TQ3 pages, all visible (a TQ3 page is sealed, so it precedes every query of the request):
   ``tile_tokens`` at a time decoded and un-rotated into a bf16 tile by one TileLang launch
-  (``PageConversions.tq3_to_bf16_heads``, head-major as the flash kernel reads it) and attended by
-  torch's fused flash kernel, so the scratch is one tile, never the prefix. Head dims that are not a
+  (``PageConversions.tq3_to_bf16_heads``, head-major) and attended by FlashInfer's single prefill
+  over that ``HND`` tile, so the scratch is one tile, never the prefix. Head dims that are not a
   power of two (no Hadamard rotation in the kernels) decode with the torch codec in the rotated space
   (``sglang_minima.ops``).
+
+Each part is merged into the first in place by FlashInfer's ``merge_state_in_place`` (one launch;
+rows without a hot prefix masked out), in q's dtype as SGLang's flashinfer backend merges its ragged
+and paged parts: the host launches a handful of kernels per layer, which is what a small model's
+prefill step costs (docs/results/device/profile_prefill_1528.md).
 
 ``plan()`` takes the split (``sglang_minima.layers.attention.plan.ExtendPlan``: host index pointers,
 device slots and pages) once per forward step and plans both FlashInfer wrappers (no device read);
@@ -28,8 +33,6 @@ import torch
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
-from sglang_minima.ops.dense import flash_attend_heads
-from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch
 
@@ -152,15 +155,14 @@ class MinimaPrefillWrapper:
         if q.shape[0] != self._num_tokens:
             raise ValueError(f"q has {q.shape[0]} rows, the plan {self._num_tokens}")
         q = q.to(self.q_dtype).contiguous()
-        out, lse = self._ragged.run(q, k.to(self.q_dtype).contiguous(), v.to(self.q_dtype).contiguous(), return_lse=True)
-        if not self._has_prefix and not self._tq3:
-            return out
-        out = out.to(torch.float32)
+        # k, v: views of the forward's QKV (rows strided): FlashInfer reads them by their strides
+        out, lse = self._ragged.run(q, k.to(self.q_dtype), v.to(self.q_dtype), return_lse=True)
         if self._has_prefix:
             out_p, lse_p = self._paged.run(q, hot_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
-            if self._prefix_rows is not None:  # a request without a hot prefix: an empty state, whatever was written
-                lse_p = lse_p.masked_fill(~self._prefix_rows.unsqueeze(-1), float("-inf"))
-            out, lse = merge_attention_states(out, lse, out_p, lse_p)
+            # a request without a hot prefix: an empty state, whatever the kernel wrote (masked out)
+            flashinfer.merge_state_in_place(out, lse, out_p, lse_p, mask=self._prefix_rows)
+        if not self._tq3:
+            return out
         with torch.profiler.record_function("minima.prefill_tq3"):
             if self._dequant is not None:
                 self._attend_tq3_tiles(q, out, lse, tq3_buffer, rotation)
@@ -171,16 +173,14 @@ class MinimaPrefillWrapper:
                     out_rot, lse_t = tq3_paged_attention(
                         rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
                     )
-                    out[rows], lse[rows] = merge_attention_states(
-                        out[rows], lse[rows], rotation.unrotate(out_rot, head_axis=-2), lse_t
-                    )
-        return out.to(self.q_dtype)
+                    o_t = rotation.unrotate(out_rot, head_axis=-2).to(out.dtype).contiguous()
+                    flashinfer.merge_state_in_place(out[rows], lse[rows], o_t, lse_t.to(torch.float32).contiguous())
+        return out
 
     def _attend_tq3_tiles(self, q, out, lse, tq3_buffer, rotation: LayerRotation) -> None:
         """Each request's TQ3 pages, a tile at a time: decoded and un-rotated into the bf16 tile by
-        one launch, attended by the flash kernel, merged into (out, lse) in place."""
-        if not self._tq3:
-            return
+        one launch, attended by FlashInfer's single prefill (head-major keys, the tile's first
+        tokens by their strides), merged into (out, lse) in place."""
         h, d, p = self.num_kv_heads, self.head_dim, self.page_size
         longest = max(tile.numel() for tiles in self._tq3_tiles for tile in tiles)
         k_tile = torch.empty(h, longest * p, d, dtype=torch.bfloat16, device=q.device)
@@ -191,5 +191,8 @@ class MinimaPrefillWrapper:
             for pages in tiles:
                 self._dequant.tq3_to_bf16_heads(tq3_buffer, pages, k_tile, v_tile, rotation.signs)
                 n = pages.numel() * p
-                part = flash_attend_heads(q[rows], k_tile[:, :n], v_tile[:, :n], self.sm_scale)
-                out[rows], lse[rows] = merge_attention_states(out[rows], lse[rows], *part)
+                o_t, lse_t = flashinfer.single_prefill_with_kv_cache(
+                    q[rows], k_tile[:, :n], v_tile[:, :n], kv_layout="HND", causal=False, sm_scale=self.sm_scale,
+                    return_lse=True, backend="fa2",  # as SGLang's paged prefill on Hopper: any GQA group
+                )
+                flashinfer.merge_state_in_place(out[rows], lse[rows], o_t, lse_t)

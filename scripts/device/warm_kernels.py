@@ -165,17 +165,23 @@ def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=None):
 
 
 def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int, key_bits: int) -> None:
-    """One tiny extend over a hot prefix through MinimaPrefillWrapper: FlashInfer compiles (or loads)
-    both of its modules, the ones a server's first prompt would otherwise wait for."""
-    from minima_kernels.prefill import MinimaPrefillWrapper
+    """One tiny extend over a hot prefix and a TQ3 page through MinimaPrefillWrapper: FlashInfer
+    compiles (or loads) the modules a server's first prompts would otherwise wait for (ragged bf16,
+    paged FP8, single prefill, the in-place merge), and the TQ3 tile decoder is built."""
+    from minima_kernels.prefill import MinimaPrefillWrapper, Tq3Segment
+    from sglang_minima.codec.layout import TQ3PageLayout
+    from sglang_minima.codec.rotation import LayerRotation
 
     w = MinimaPrefillWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=key_bits)  # builds its TQ3 tile decoder
     i32 = dict(dtype=torch.int32)
-    w.plan(torch.tensor([0, 2], **i32), torch.tensor([0, 3], **i32), torch.arange(3, device="cuda", **i32), None, ())
+    page = torch.ones(1, dtype=torch.int64, device="cuda")
+    w.plan(torch.tensor([0, 2], **i32), torch.tensor([0, 3], **i32), torch.arange(3, device="cuda", **i32), None,
+           (Tq3Segment(0, 2, page),))
     bf16 = dict(dtype=torch.bfloat16, device="cuda")
     hot = torch.randn(4, 1, h, d, **bf16).to(torch.float8_e4m3fn)
+    tq3 = torch.zeros(2, TQ3PageLayout(h, p, d, key_bits=key_bits).page_bytes, dtype=torch.uint8, device="cuda")
     w.run(torch.randn(2, hq, d, **bf16), torch.randn(2, h, d, **bf16), torch.randn(2, h, d, **bf16), (hot, hot),
-          None, None, None, None, k_scale=1.0, v_scale=1.0)
+          tq3, None, None, LayerRotation(h, d, layer_id=0, device="cuda"), k_scale=1.0, v_scale=1.0)
     torch.cuda.synchronize()
 
 

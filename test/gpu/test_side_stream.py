@@ -50,6 +50,14 @@ def _write(store, pages, kv, tokens=None):
 def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
     side, sync = _store(), _store(conversion_stream=ConversionStream())  # sync: the current stream, at once
     assert isinstance(side.conversion_stream, CudaConversionStream) and side.kernels is not None
+    for store in (side, sync):
+        # each kernel's first launch loads its module (CUDA's lazy loading), which waits for the whole
+        # device: the conversion launched below would then find the late writes done, and be done itself
+        # before it can be seen pending. Padding page 0 of both buffers, as all-zero in both stores.
+        zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+        store.kernels.encode(zero, zero)
+        store.kernels.decode(zero, zero)
+    torch.cuda.synchronize()
     pages, kv = torch.arange(1, 9, device="cuda"), _kv(8, 0)
     for store in (side, sync):
         store.map_new(pages)

@@ -1,8 +1,10 @@
-"""MinimaPrefillWrapper's plumbing on CPU: its two FlashInfer wrappers replaced by a stand-in that
-follows their contract (plan from host index pointers; ragged: causal within each request's new
-tokens; paged: every listed slot visible; out in q's dtype, base-2 LSE [T, Hq]), the TQ3 part and the
-merges real. Against the torch reference (mixed_paged_attention, causal by position) on the same
-keys. On the device, test/attention/test_minima_backend.py runs the real FlashInfer."""
+"""MinimaPrefillWrapper's plumbing on CPU: FlashInfer replaced by a stand-in that follows its contract
+(plan from host index pointers; ragged: causal within each request's new tokens; paged: every listed
+slot visible; single prefill over an HND tile; out in q's dtype, base-2 LSE [T, Hq]; the in-place
+merge: contiguous operands, fp32 LSE, masked rows untouched), the TQ3 decode real (the torch codec,
+or in place of the TileLang tile decoder the codec writing the same bf16 tiles). Against the torch
+reference (mixed_paged_attention, causal by position) on the same keys. On the device,
+test/attention/test_minima_backend.py runs the real FlashInfer."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from sglang_minima.codec.codebook import tq3_codebook
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
-from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.ops.dense import attend, causal_mask
+from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention
 
 H, HQ, D, PS = 2, 4, 64, 16
@@ -67,13 +70,46 @@ class _Paged:
         return out, lse
 
 
+def _single_prefill(q, k, v, *, kv_layout, causal, sm_scale, return_lse, backend):
+    assert kv_layout == "HND" and not causal and return_lse
+    o, lse = attend(q, k.transpose(0, 1), v.transpose(0, 1), sm_scale)
+    return o.to(q.dtype), lse
+
+
+def _merge_state_in_place(v, s, v_other, s_other, mask=None):
+    # the kernel's checks (CHECK_INPUT: contiguous), and an LSE it can update in place (fp32: flashinfer
+    # casts any other dtype to a copy, and the merge would be lost)
+    assert all(t.is_contiguous() for t in (v, s, v_other, s_other)) and s.dtype == s_other.dtype == torch.float32
+    o, lse = merge_attention_states(v, s, v_other, s_other)
+    keep = torch.ones(v.shape[0], dtype=torch.bool) if mask is None else mask.cpu()
+    v[keep], s[keep] = o[keep].to(v.dtype), lse[keep]
+
+
+class _CodecTiles:
+    """PageConversions.tq3_to_bf16_heads by the torch codec: pages decoded and un-rotated into k_out /
+    v_out [H, m, D] bf16, page c in tokens c * P .. (its poison beyond what it writes)."""
+
+    def __init__(self, layout, codebook, rotation):
+        self.layout, self.codebook, self.rotation = layout, codebook, rotation
+
+    def tq3_to_bf16_heads(self, tq3_pages, src_pages, k_out, v_out, signs):
+        k, v = decode_pages(tq3_pages[src_pages.long()], self.layout, self.codebook)  # [n, H, P, D] rotated
+        n = src_pages.numel() * self.layout.page_size
+        k_out.fill_(float("nan")), v_out.fill_(float("nan"))  # a tile's tail is never read
+        for out, x in ((k_out, k), (v_out, v)):
+            out[:, :n] = to_original_space(x, self.rotation).transpose(0, 1).reshape(out.shape[0], n, -1).to(out.dtype)
+
+
 @pytest.fixture(params=["standin", pytest.param("cuda", marks=pytest.mark.gpu)])
 def prefill(request, monkeypatch):
     """(minima_kernels.prefill, device): over the FlashInfer stand-in on CPU, or the real one on CUDA."""
     if request.param == "cuda":
         yield importlib.import_module("minima_kernels.prefill"), torch.device("cuda")
         return
-    fake = types.SimpleNamespace(BatchPrefillWithRaggedKVCacheWrapper=_Ragged, BatchPrefillWithPagedKVCacheWrapper=_Paged)
+    fake = types.SimpleNamespace(
+        BatchPrefillWithRaggedKVCacheWrapper=_Ragged, BatchPrefillWithPagedKVCacheWrapper=_Paged,
+        single_prefill_with_kv_cache=_single_prefill, merge_state_in_place=_merge_state_in_place,
+    )
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     monkeypatch.delitem(sys.modules, "minima_kernels.prefill", raising=False)
     yield importlib.import_module("minima_kernels.prefill"), torch.device("cpu")
@@ -89,8 +125,11 @@ def _setup(seed=0):
     return g, layout, rot, cb, k8, v8, tq3
 
 
-def test_three_parts_merged_equal_the_torch_reference(prefill):
+@pytest.mark.parametrize("tiles,tile_pages", [("default", 1), ("tile_decoder", 1), ("tile_decoder", 2)])
+def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages):
     prefill, dev = prefill
+    if tiles == "tile_decoder" and dev.type == "cuda":
+        pytest.skip("on the device the default is the TileLang tile decoder")
     g, layout, rot, cb, k8, v8, tq3 = _setup()
     # request 0: hot sink 0..15 (slots 100..115), TQ3 pages 16..47 (ids 4, 1), hot 48..52, new 53..59
     # request 1: a fresh prompt of 6 tokens (slots 150..155): no hot prefix, no TQ3
@@ -107,7 +146,11 @@ def test_three_parts_merged_equal_the_torch_reference(prefill):
     k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
     v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
 
-    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=PS)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=tile_pages * PS)
+    # the kernel path over the codec's tiles: tiles of one page (request 0 merges two), or of two
+    # (request 2 reads the first page of a two-page tile, whose tail is poison)
+    if tiles == "tile_decoder":
+        w._dequant = _CodecTiles(layout, cb, rot)
     qo = torch.tensor([0, 7, 13, 17], dtype=torch.int32)
     prefix = torch.tensor([0, 21, 21, 21], dtype=torch.int32)
     rows = torch.tensor([True] * 7 + [False] * 10, device=dev)

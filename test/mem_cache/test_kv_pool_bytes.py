@@ -64,3 +64,35 @@ def test_a_page_seals_only_after_the_last_layer_of_its_tokens_is_written(monkeyp
         pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
     assert bool(pool.page_table.sealed[pages].all())
     assert pool.store.retier(pages) == 2  # now convertible
+
+
+def test_a_forward_translates_its_slots_once_and_again_after_a_mapping_change(monkeypatch):
+    """Every layer of a forward writes the same logical slots: the pool maps them to hot slots at the
+    first layer's write only (a small model's step is launch-bound, 5 ops a layer), and again where
+    the mapping changed meanwhile (the store's version) or a new forward writes new slots."""
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.5).to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    layers = 4
+    pool = MinimaKVPool(PAGES * PS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
+                        layer_num=layers, device="cpu", enable_memory_saver=False)
+    allocator = MinimaPagedAllocator(PAGES * PS, PS, torch.bfloat16, "cpu", pool, False)
+    translate = pool.page_table.hot_slots
+    calls = []
+    monkeypatch.setattr(pool.page_table, "hot_slots", lambda slots: calls.append(slots) or translate(slots))
+
+    def write(loc, layer_id):
+        k = torch.randn(loc.numel(), H, D).to(torch.bfloat16)
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
+        hot = translate(loc)
+        assert torch.equal(pool.hot_k_buffer(layer_id)[hot], k.to(torch.float8_e4m3fn).view(torch.uint8))
+
+    loc = allocator.alloc(2 * PS)
+    write(loc, 0)
+    write(loc, 1)
+    assert len(calls) == 1
+    allocator.alloc(PS)  # maps a page: the store's version moves, so the next layer maps its slots again
+    write(loc, 2)
+    write(loc, 3)
+    assert len(calls) == 2
+    write(allocator.alloc(PS), 0)  # the next forward
+    assert len(calls) == 3

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from sglang_minima.ops.dense import attend, causal_mask, flash_attend, flash_attend_heads
+from sglang_minima.ops.dense import attend, causal_mask, flash_attend
 
 
 def _naive(q, k, v, sm_scale, mask=None):
@@ -73,18 +73,3 @@ def test_flash_attend_bad_shapes():
         flash_attend(torch.randn(1, 3, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), 1.0)
     with pytest.raises(ValueError, match="flash_attend: q"):
         flash_attend(torch.randn(1, 2, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 16), 1.0)
-
-
-@pytest.mark.parametrize("hq,h", [(4, 4), (6, 2)])
-def test_flash_attend_heads_reads_the_first_tokens_of_a_head_major_tile(hq, h):
-    # the prefill's TQ3 tile: [H, capacity, D], of which the first 40 tokens are live; the rest is
-    # poison that must not be read
-    q, k, v = torch.randn(5, hq, 64), torch.randn(40, h, 64), torch.randn(40, h, 64)
-    tile_k, tile_v = torch.full((h, 64, 64), float("nan")), torch.full((h, 64, 64), float("nan"))
-    tile_k[:, :40], tile_v[:, :40] = k.transpose(0, 1), v.transpose(0, 1)
-    out, lse = flash_attend_heads(q, tile_k[:, :40], tile_v[:, :40], 0.1)
-    want_out, want_lse = _naive(q, k, v, 0.1)
-    assert torch.allclose(out.double(), want_out, atol=1e-5)
-    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
-    with pytest.raises(ValueError, match="flash_attend_heads: q"):
-        flash_attend_heads(q, tile_k[:, :40, :32], tile_v[:, :40, :32], 0.1)

@@ -56,6 +56,7 @@ class MinimaKVPool(MHATokenToKVPool):
         check_page_size(page_size)  # before SGLang allocates anything; head_dim in _create_buffers
         self.minima_config: MinimaConfig = resolve_config()
         hot_dtype = torch.float8_e4m3fn if self.minima_config.hot_dtype == "fp8_e4m3" else dtype
+        self._write_slots: tuple | None = None  # set_kv_buffer's (logical slots, store version, hot slots)
         super().__init__(size, page_size, hot_dtype, *args, **kwargs)
 
     def _create_buffers(self) -> None:
@@ -123,11 +124,14 @@ class MinimaKVPool(MHATokenToKVPool):
         if v_scale is not None:
             self.store.v_scales[local] = float(v_scale)
         with torch.profiler.record_function("minima.kv_write"):
-            super().set_kv_buffer(
-                layer, self.store.page_table.hot_slots(loc), cache_k, cache_v,
-                k_scale, v_scale, layer_id_override, dcp_kv_mask,
-            )
+            # One translation per forward (its first layer's write): every layer writes the same slots
+            # and the mapping does not change within a forward (it would bump the store's version).
+            cached = self._write_slots
+            if cached is None or cached[0] is not loc or cached[1] != self.store.version:
+                cached = self._write_slots = (loc, self.store.version, self.store.page_table.hot_slots(loc))
+            super().set_kv_buffer(layer, cached[2], cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
             if local == self.layer_num - 1:
+                self._write_slots = None  # the forward's last write: nothing keeps its slots alive
                 # After the last layer's write, in the forward's stream order: a page reads as
                 # sealed (convertible) only once every layer of its tokens is written, so a
                 # conversion between steps never encodes a page a forward still in flight (the

@@ -64,16 +64,6 @@ def flash_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: fl
     return _flash(q, ks, vs, sm_scale)
 
 
-def flash_attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``flash_attend`` over keys and values already head-major, k / v [H, N, D] in the kernel's
-    dtype (bf16 on CUDA), rows of any stride (the first N tokens of a larger tile): no copy of them."""
-    t, hq, d = q.shape
-    h, n, dk = k.shape
-    if dk != d or v.shape != k.shape or hq % h != 0 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError(f"flash_attend_heads: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
-    return _flash(q, k.unsqueeze(0), v.unsqueeze(0), sm_scale)
-
-
 def _flash(q: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D] against ks / vs [1, H, N, D] -> (out fp32 [T, Hq, D], lse base 2 [T, Hq])."""
     t, hq, d = q.shape
