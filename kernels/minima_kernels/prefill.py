@@ -192,7 +192,9 @@ class MinimaPrefillWrapper:
                 self._dequant.tq3_to_bf16_heads(tq3_buffer, pages, k_tile, v_tile, rotation.signs)
                 n = pages.numel() * p
                 o_t, lse_t = flashinfer.single_prefill_with_kv_cache(
-                    q[rows], k_tile[:, :n], v_tile[:, :n], kv_layout="HND", causal=False, sm_scale=self.sm_scale,
-                    return_lse=True, backend="fa2",  # as SGLang's paged prefill on Hopper: any GQA group
+                    q[rows].to(k_tile.dtype), k_tile[:, :n], v_tile[:, :n], kv_layout="HND", causal=False,
+                    sm_scale=self.sm_scale, return_lse=True,
+                    backend="fa2",  # as SGLang's paged prefill on Hopper: any GQA group
                 )
-                flashinfer.merge_state_in_place(out[rows], lse[rows], o_t, lse_t)
+                # (an fp16 model's queries meet the bf16 tile as bf16; the merge takes one dtype)
+                flashinfer.merge_state_in_place(out[rows], lse[rows], o_t.to(out.dtype), lse_t)

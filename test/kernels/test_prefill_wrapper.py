@@ -71,7 +71,7 @@ class _Paged:
 
 
 def _single_prefill(q, k, v, *, kv_layout, causal, sm_scale, return_lse, backend):
-    assert kv_layout == "HND" and not causal and return_lse
+    assert kv_layout == "HND" and not causal and return_lse and q.dtype == k.dtype == v.dtype  # one module
     o, lse = attend(q, k.transpose(0, 1), v.transpose(0, 1), sm_scale)
     return o.to(q.dtype), lse
 
@@ -80,6 +80,7 @@ def _merge_state_in_place(v, s, v_other, s_other, mask=None):
     # the kernel's checks (CHECK_INPUT: contiguous), and an LSE it can update in place (fp32: flashinfer
     # casts any other dtype to a copy, and the merge would be lost)
     assert all(t.is_contiguous() for t in (v, s, v_other, s_other)) and s.dtype == s_other.dtype == torch.float32
+    assert v.dtype == v_other.dtype  # one template type for both states
     o, lse = merge_attention_states(v, s, v_other, s_other)
     keep = torch.ones(v.shape[0], dtype=torch.bool) if mask is None else mask.cpu()
     v[keep], s[keep] = o[keep].to(v.dtype), lse[keep]
@@ -125,8 +126,11 @@ def _setup(seed=0):
     return g, layout, rot, cb, k8, v8, tq3
 
 
-@pytest.mark.parametrize("tiles,tile_pages", [("default", 1), ("tile_decoder", 1), ("tile_decoder", 2)])
-def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages):
+@pytest.mark.parametrize("tiles,tile_pages,dtype", [
+    ("default", 1, torch.bfloat16), ("tile_decoder", 1, torch.bfloat16), ("tile_decoder", 2, torch.bfloat16),
+    ("tile_decoder", 2, torch.float16),  # an fp16 model: its queries meet the bf16 tile
+])
+def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages, dtype):
     prefill, dev = prefill
     if tiles == "tile_decoder" and dev.type == "cuda":
         pytest.skip("on the device the default is the TileLang tile decoder")
@@ -140,13 +144,13 @@ def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages
         dict(hot=[], new=list(range(60, 64)), tq3=[5], tq3_at=0),
     ]
     q_lens = [len(r["new"]) for r in reqs]
-    q = torch.randn(sum(q_lens), HQ, D, generator=g).to(torch.bfloat16)
+    q = torch.randn(sum(q_lens), HQ, D, generator=g).to(dtype)
     # the new tokens' K/V as the forward hands them: the FP8 pages' values, so both paths see the same keys
     new_slots = torch.tensor([s for r in reqs for s in r["new"]])
-    k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
-    v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
+    k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(dtype)
+    v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(dtype)
 
-    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=tile_pages * PS)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=tile_pages * PS, q_dtype=dtype)
     # the kernel path over the codec's tiles: tiles of one page (request 0 merges two), or of two
     # (request 2 reads the first page of a two-page tile, whose tail is poison)
     if tiles == "tile_decoder":
@@ -159,7 +163,7 @@ def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages
     hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
     rot_dev = LayerRotation(H, D, layer_id=3, device=dev)  # the pool's rotation lives on its device
     got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot_dev, k_scale=K_SCALE, v_scale=V_SCALE)
-    assert got.dtype == torch.bfloat16 and got.shape == q.shape and not got.isnan().any()
+    assert got.dtype == dtype and got.shape == q.shape and not got.isnan().any()
     got = got.cpu()
 
     start = 0
