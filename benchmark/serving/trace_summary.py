@@ -12,8 +12,9 @@ SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.
 
 
 def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
-    """Totals per step from a Chrome trace: Minima's scopes, host ops (``cpu_op``), GPU kernels and
-    the wall time of the profiled window (its first to last host event)."""
+    """Totals per step from a Chrome trace: Minima's scopes, host ops (``cpu_op``), CUDA runtime and
+    driver calls (a launch's cost, or a sync's wait), GPU kernels and the wall time of the profiled
+    window (its first to last host event)."""
     scopes: dict[str, float] = defaultdict(float)
     host: dict[str, float] = defaultdict(float)
     gpu: dict[str, float] = defaultdict(float)

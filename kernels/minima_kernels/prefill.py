@@ -19,7 +19,9 @@ by LSE (base 2):
 Each part is merged into the first in place by FlashInfer's ``merge_state_in_place`` (one launch;
 rows without a hot prefix masked out), in q's dtype as SGLang's flashinfer backend merges its ragged
 and paged parts: the host launches a handful of kernels per layer, which is what a small model's
-prefill step costs (docs/results/device/profile_prefill_1528.md).
+prefill step costs (docs/results/device/profile_prefill_1525.md). Where that kernel does not launch
+(head dims other than 64-512 in powers of two, or more query heads than its block holds: SGLang's
+``_safe_merge_state`` guards the same limit) the torch merge does it.
 
 ``plan()`` takes the split (``sglang_minima.layers.attention.plan.ExtendPlan``: host index pointers,
 device slots and pages) once per forward step and plans both FlashInfer wrappers (no device read);
@@ -33,6 +35,7 @@ import torch
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
+from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch
 
@@ -41,6 +44,17 @@ DEFAULT_TILE_TOKENS = 16384
 heads of 128: 64 MiB)."""
 TORCH_TILE_TOKENS = 4096
 """The torch codec's tile: K and V in fp32 plus their bf16 copies, 12 bytes per element."""
+MERGE_HEAD_DIMS = (64, 128, 256, 512)
+"""Head dims FlashInfer's merge kernels are built for (cascade.cu's DISPATCH_HEAD_DIM)."""
+
+
+def fused_merge_fits(num_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether FlashInfer's in-place merge launches for these states: its head dims, and one block of
+    (head_dim / vec_size) x num_heads threads within CUDA's 1,024 (cascade.cuh's vec_size choice)."""
+    if head_dim not in MERGE_HEAD_DIMS:
+        return False
+    vec_size = max(16 // torch.empty((), dtype=dtype).element_size(), head_dim // 32)
+    return num_heads * (head_dim // vec_size) <= 1024
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,8 @@ class Tq3Segment:
 
 
 class MinimaPrefillWrapper:
-    """FlashInfer over the new tokens and the FP8 hot prefix, torch over the TQ3 prefix, one merge.
+    """FlashInfer over the new tokens and the FP8 hot prefix, the TQ3 prefix in decoded tiles, merged
+    by LSE in place.
 
     One object per layer geometry (query heads, KV heads, head dim, page size, scale, query dtype);
     ``workspace`` is FlashInfer's float workspace (shared with the decode: a forward is one or the other).
@@ -82,6 +97,7 @@ class MinimaPrefillWrapper:
             raise ValueError(f"the prefill takes bf16 or fp16 queries, got {q_dtype}")
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.sm_scale, self.q_dtype = page_size, float(sm_scale), q_dtype
+        self._fused_merge = fused_merge_fits(num_qo_heads, head_dim, q_dtype)
         # the TQ3 prefix's decoder (``tq3_kernel``, None: where it applies): the kernel, built now
         # rather than inside a forward, or the torch codec
         if tq3_kernel is None:
@@ -160,7 +176,7 @@ class MinimaPrefillWrapper:
         if self._has_prefix:
             out_p, lse_p = self._paged.run(q, hot_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
             # a request without a hot prefix: an empty state, whatever the kernel wrote (masked out)
-            flashinfer.merge_state_in_place(out, lse, out_p, lse_p, mask=self._prefix_rows)
+            self._merge(out, lse, out_p, lse_p, mask=self._prefix_rows)
         if not self._tq3:
             return out
         with torch.profiler.record_function("minima.prefill_tq3"):
@@ -174,7 +190,7 @@ class MinimaPrefillWrapper:
                         rotation.rotate(q[rows], head_axis=-2), kv, self.sm_scale, tile_pages=self.tile_pages, flash=True
                     )
                     o_t = rotation.unrotate(out_rot, head_axis=-2).to(out.dtype).contiguous()
-                    flashinfer.merge_state_in_place(out[rows], lse[rows], o_t, lse_t.to(torch.float32).contiguous())
+                    self._merge(out[rows], lse[rows], o_t, lse_t.to(torch.float32).contiguous())
         return out
 
     def _attend_tq3_tiles(self, q, out, lse, tq3_buffer, rotation: LayerRotation) -> None:
@@ -188,13 +204,25 @@ class MinimaPrefillWrapper:
         note_scratch(k_tile, v_tile)
         for seg, tiles in zip(self._tq3, self._tq3_tiles):
             rows = slice(seg.q_start, seg.q_start + seg.q_len)
+            q_seg = q[rows].to(k_tile.dtype)  # (an fp16 model's queries meet the bf16 tile as bf16)
             for pages in tiles:
                 self._dequant.tq3_to_bf16_heads(tq3_buffer, pages, k_tile, v_tile, rotation.signs)
                 n = pages.numel() * p
                 o_t, lse_t = flashinfer.single_prefill_with_kv_cache(
-                    q[rows].to(k_tile.dtype), k_tile[:, :n], v_tile[:, :n], kv_layout="HND", causal=False,
-                    sm_scale=self.sm_scale, return_lse=True,
-                    backend="fa2",  # as SGLang's paged prefill on Hopper: any GQA group
+                    q_seg, k_tile[:, :n], v_tile[:, :n], kv_layout="HND", causal=False, sm_scale=self.sm_scale,
+                    return_lse=True, backend="fa2",  # as SGLang's paged prefill on Hopper: any GQA group
                 )
-                # (an fp16 model's queries meet the bf16 tile as bf16; the merge takes one dtype)
-                flashinfer.merge_state_in_place(out[rows], lse[rows], o_t.to(out.dtype), lse_t)
+                self._merge(out[rows], lse[rows], o_t.to(out.dtype), lse_t)  # the merge takes one dtype
+
+    def _merge(self, out, lse, o, lse_o, mask=None) -> None:
+        """(out, lse) <- their LSE merge with (o, lse_o), in place, where ``mask`` (bool [T]) is set
+        (all rows: None). FlashInfer's kernel where it launches, else the torch merge."""
+        if self._fused_merge:
+            flashinfer.merge_state_in_place(out, lse, o, lse_o, mask=mask)
+            return
+        merged, merged_lse = merge_attention_states(out, lse, o, lse_o)
+        if mask is not None:
+            merged = torch.where(mask.view(-1, 1, 1), merged, out.to(merged.dtype))
+            merged_lse = torch.where(mask.view(-1, 1), merged_lse, lse)
+        out.copy_(merged)
+        lse.copy_(merged_lse)

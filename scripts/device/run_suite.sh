@@ -31,8 +31,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 has() { [[ ",${PARTS:-e2e,unit,kernels,fp8warm}," == *",$1,"* ]]; }
 need_ruler_generator() {  # RULER's generator: a wheel of .devbundle/extras, stashed by `harness.sh install`
   ls "$SGLANG_MINIMA_WHEELHOUSE"/nvidia_long_context_eval-*.whl > /dev/null 2>&1 && return 0
-  echo "run_suite $phase: RULER's generator is not in the wheelhouse: run \`harness.sh install\` carrying" \
-    "[\".devbundle/extras\"] (once per machine), then this again" >&2
+  echo "run_suite $phase: no RULER examples and no generator: carry [\".devbundle/ruler\"] (niah), or run" \
+    "\`harness.sh install\` carrying [\".devbundle/extras\"] (the generator, once per machine), then this again" >&2
   exit 3
 }
 case "$phase" in
@@ -108,12 +108,10 @@ niah)
   arms=${NIAH_ARMS:-bf16,fp8,minima-nostale,minima,minima-aggressive,minima-k4}
   nargs=${NIAH_ARGS:---n 64 --lengths 1024,2048,4096,8192 --concurrency 32 --chunked-prefill-sizes default}
   dir=${NIAH_DIR:-docs/results/quality_h200}
-  need_ruler_generator
   ruler="$SGLANG_MINIMA_CACHE/ruler"; mkdir -p "$ruler"
   for t in .devbundle/ruler/*.tar.xz; do [ -f "$t" ] && tar -C "$ruler" -xJf "$t"; done
-  if [ -z "$(ls -A "$ruler")" ]; then
-    echo "run_suite niah: no RULER data: carry [\".devbundle/ruler\"] (harness.sh ruler-data, made here)" >&2; exit 3
-  fi
+  # the examples come from the carried data (.devbundle/ruler, harness.sh ruler-data) or the generator
+  [ -n "$(ls -A "$ruler")" ] || need_ruler_generator
   mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4)

@@ -53,7 +53,8 @@ def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
     for store in (side, sync):
         # each kernel's first launch loads its module (CUDA's lazy loading), which waits for the whole
         # device: the conversion launched below would then find the late writes done, and be done itself
-        # before it can be seen pending. Padding page 0 of both buffers, as all-zero in both stores.
+        # before it can be seen pending. Padding page 0 of both buffers, all-zero in both stores
+        # (TieredPageStore allocates its buffers zeroed), so the stores stay byte-equal.
         zero = torch.zeros(1, dtype=torch.int64, device="cuda")
         store.kernels.encode(zero, zero)
         store.kernels.decode(zero, zero)

@@ -78,12 +78,19 @@ def _single_prefill(q, k, v, *, kv_layout, causal, sm_scale, return_lse, backend
 
 def _merge_state_in_place(v, s, v_other, s_other, mask=None):
     # the kernel's checks (CHECK_INPUT: contiguous), and an LSE it can update in place (fp32: flashinfer
-    # casts any other dtype to a copy, and the merge would be lost)
+    # casts any other dtype to a copy, and the merge would be lost); the head dims it is built for, one
+    # block of threads; a bool mask on v's device (the kernel reads its bytes)
     assert all(t.is_contiguous() for t in (v, s, v_other, s_other)) and s.dtype == s_other.dtype == torch.float32
     assert v.dtype == v_other.dtype  # one template type for both states
-    o, lse = merge_attention_states(v, s, v_other, s_other)
-    keep = torch.ones(v.shape[0], dtype=torch.bool) if mask is None else mask.cpu()
-    v[keep], s[keep] = o[keep].to(v.dtype), lse[keep]
+    assert v.shape[-1] in (64, 128, 256, 512) and v.shape[1] * v.shape[-1] // max(8, v.shape[-1] // 32) <= 1024
+    assert mask is None or (mask.dtype == torch.bool and mask.device == v.device)
+    # as the kernel computes it: weights times outputs (a zero weight on a NaN output is NaN)
+    m = torch.maximum(s, s_other)
+    w, w_other = torch.exp2(s - m), torch.exp2(s_other - m)
+    total = w + w_other
+    merged = (v.float() * (w / total).unsqueeze(-1) + v_other.float() * (w_other / total).unsqueeze(-1)).to(v.dtype)
+    keep = torch.ones(v.shape[0], dtype=torch.bool) if mask is None else mask
+    v[keep], s[keep] = merged[keep], (m + torch.log2(total))[keep]
 
 
 class _CodecTiles:
@@ -249,3 +256,31 @@ def test_the_tq3_kernel_tiles_match_the_codec_tiles():
     for got in outs[1:]:
         assert not got.isnan().any()
         torch.testing.assert_close(got, outs[0], atol=1e-2, rtol=1e-2)
+
+
+def test_a_head_dim_flashinfers_merge_lacks_merges_in_torch(prefill):
+    # head dim 192: FlashInfer's prefill builds for it, its merge kernel does not (the stand-in refuses
+    # it as the kernel would): the wrapper merges the hot prefix in torch, rows without one untouched
+    prefill, dev = prefill
+    if dev.type == "cuda":
+        pytest.skip("the stand-in's refusal stands in for the kernel's")
+    d = 192
+    g = torch.Generator().manual_seed(4)
+    k8 = fp8_quantize(torch.randn(40, H, d, generator=g), K_SCALE)
+    v8 = fp8_quantize(torch.randn(40, H, d, generator=g), V_SCALE)
+    w = prefill.MinimaPrefillWrapper(torch.empty(0), HQ, H, d, PS, sm_scale=d**-0.5)
+    assert not prefill.fused_merge_fits(HQ, d, torch.bfloat16) and prefill.fused_merge_fits(HQ, 128, torch.bfloat16)
+    # request 0: 10 hot prefix tokens (slots 0..9) and 3 new; request 1: 4 new, no prefix
+    w.plan(torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 10, 10], dtype=torch.int32),
+           torch.arange(10, dtype=torch.int32), torch.tensor([True] * 3 + [False] * 4), ())
+    q = torch.randn(7, HQ, d, generator=g).to(torch.bfloat16)
+    k, v = torch.randn(7, H, d, generator=g).to(torch.bfloat16), torch.randn(7, H, d, generator=g).to(torch.bfloat16)
+    got = w.run(q, k, v, (k8.view(-1, 1, H, d), v8.view(-1, 1, H, d)), None, None, None, None,
+                k_scale=K_SCALE, v_scale=V_SCALE).float()
+    prefix_k, prefix_v = fp8_dequantize(k8[:10], K_SCALE), fp8_dequantize(v8[:10], V_SCALE)
+    for (a, b), (pk, pv) in (((0, 3), (prefix_k, prefix_v)), ((3, 7), (prefix_k[:0], prefix_v[:0]))):
+        keys, vals = torch.cat([pk, k[a:b].float()]), torch.cat([pv, v[a:b].float()])
+        n = pk.shape[0]
+        visible = causal_mask(torch.arange(b - a) + n, torch.arange(n + b - a))
+        want, _ = attend(q[a:b].float(), keys, vals, d**-0.5, visible)
+        torch.testing.assert_close(got[a:b], want, atol=2e-2, rtol=2e-2)

@@ -94,5 +94,10 @@ def test_a_forward_translates_its_slots_once_and_again_after_a_mapping_change(mo
     write(loc, 2)
     write(loc, 3)
     assert len(calls) == 2
-    write(allocator.alloc(PS), 0)  # the next forward
+    write(loc, 0)  # after the last layer: a new forward, even with the same slots tensor
     assert len(calls) == 3
+    loc[:] = loc.flip(0).clone()  # a slots buffer refilled in place, the mapping unchanged
+    write(loc, 1)
+    assert len(calls) == 4
+    write(allocator.alloc(PS), 0)  # the next forward's new slots
+    assert len(calls) == 5

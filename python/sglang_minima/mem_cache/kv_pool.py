@@ -56,7 +56,7 @@ class MinimaKVPool(MHATokenToKVPool):
         check_page_size(page_size)  # before SGLang allocates anything; head_dim in _create_buffers
         self.minima_config: MinimaConfig = resolve_config()
         hot_dtype = torch.float8_e4m3fn if self.minima_config.hot_dtype == "fp8_e4m3" else dtype
-        self._write_slots: tuple | None = None  # set_kv_buffer's (logical slots, store version, hot slots)
+        self._write_slots: tuple | None = None  # set_kv_buffer's (logical slots, their versions, hot slots)
         super().__init__(size, page_size, hot_dtype, *args, **kwargs)
 
     def _create_buffers(self) -> None:
@@ -125,10 +125,12 @@ class MinimaKVPool(MHATokenToKVPool):
             self.store.v_scales[local] = float(v_scale)
         with torch.profiler.record_function("minima.kv_write"):
             # One translation per forward (its first layer's write): every layer writes the same slots
-            # and the mapping does not change within a forward (it would bump the store's version).
+            # and the mapping does not change within a forward (it would bump the store's version);
+            # the slots tensor's own version catches a buffer refilled in place.
+            key = (self.store.version, loc._version)
             cached = self._write_slots
-            if cached is None or cached[0] is not loc or cached[1] != self.store.version:
-                cached = self._write_slots = (loc, self.store.version, self.store.page_table.hot_slots(loc))
+            if cached is None or cached[0] is not loc or cached[1] != key:
+                cached = self._write_slots = (loc, key, self.store.page_table.hot_slots(loc))
             super().set_kv_buffer(layer, cached[2], cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
             if local == self.layer_num - 1:
                 self._write_slots = None  # the forward's last write: nothing keeps its slots alive
