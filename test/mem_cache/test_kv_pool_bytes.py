@@ -46,16 +46,20 @@ def test_fp8_hot_rows_are_sglangs_fp8_bytes(monkeypatch, device):
         assert torch.equal(pool.hot_v_buffer(layer_id)[hot].cpu(), sglang.v_buffer[layer_id][loc].cpu())
 
 
+def _cpu_pool(monkeypatch, layers: int) -> tuple[MinimaKVPool, MinimaPagedAllocator]:
+    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.5).to_json())
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
+    pool = MinimaKVPool(PAGES * PS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
+                        layer_num=layers, device="cpu", enable_memory_saver=False)
+    return pool, MinimaPagedAllocator(PAGES * PS, PS, torch.bfloat16, "cpu", pool, False)
+
+
 def test_a_page_seals_only_after_the_last_layer_of_its_tokens_is_written(monkeypatch):
     """Between steps a conversion encodes every layer of a sealed page. Under the overlap scheduler
     the next batch is already running then, so a page must not read as sealed while that batch has
     written only its first layers: the pool records the writes after the last layer's."""
-    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.5).to_json())
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
     layers = 3
-    pool = MinimaKVPool(PAGES * PS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
-                        layer_num=layers, device="cpu", enable_memory_saver=False)
-    allocator = MinimaPagedAllocator(PAGES * PS, PS, torch.bfloat16, "cpu", pool, False)
+    pool, allocator = _cpu_pool(monkeypatch, layers)
     loc = allocator.alloc(2 * PS)
     pages = torch.unique(loc // PS)
     k = torch.randn(2 * PS, H, D).to(torch.bfloat16)
@@ -70,12 +74,7 @@ def test_a_forward_translates_its_slots_once_and_again_after_a_mapping_change(mo
     """Every layer of a forward writes the same logical slots: the pool maps them to hot slots at the
     first layer's write only (a small model's step is launch-bound, 5 ops a layer), and again where
     the mapping changed meanwhile (the store's version) or a new forward writes new slots."""
-    monkeypatch.setenv(CONFIG_ENV, MinimaConfig(fp8_page_fraction=0.5).to_json())
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
-    layers = 4
-    pool = MinimaKVPool(PAGES * PS, page_size=PS, dtype=torch.bfloat16, head_num=H, head_dim=D,
-                        layer_num=layers, device="cpu", enable_memory_saver=False)
-    allocator = MinimaPagedAllocator(PAGES * PS, PS, torch.bfloat16, "cpu", pool, False)
+    pool, allocator = _cpu_pool(monkeypatch, layers=4)
     translate = pool.page_table.hot_slots
     calls = []
     monkeypatch.setattr(pool.page_table, "hot_slots", lambda slots: calls.append(slots) or translate(slots))
