@@ -12,6 +12,8 @@
 #     SOAK_ARGS (env): more of its flags (default: its cuda profile, the load sized to the budget)
 #   bash scripts/device/run_suite.sh probe [BUDGET_S]       # stale_probe.py --device cuda: NIAH per KV mode
 #     PROBE_ARGS (env): its flags (default: 16 examples of four tasks; fp8, tq3, tq3v, k4 at 128-token chunks)
+#   bash scripts/device/run_suite.sh profile [BUDGET_S]     # profile_decode.py: arms in turn, steps under the profiler
+#     PROFILE_ARGS (env): its flags (default: prefill steps, 256-token chunks: minima, minima-fp8, sglang-fp8-eager)
 #   bash scripts/device/run_suite.sh niah [BUDGET_S]        # benchmark/quality/niah.py: RULER NIAH, one server per arm
 #     NIAH_ARMS (env): the arms, each its own niah.py process and server, side by side on the GPU
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
@@ -104,6 +106,16 @@ probe)
     --out "$OUT/stale_probe.json" > "$WORK/probe.log" 2>&1
   grep -v "^examples" "$WORK/probe.log" | tail -40
   ;;
+profile)
+  # SmolLM2's kernels first: a cold build inside the first Minima server took 366 s of a call (2026-12-03)
+  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 > "$WORK/warm.log" 2>&1
+  left=$((budget - (SECONDS - t0)))
+  timeout -s INT "$left" python3 benchmark/serving/profile_decode.py --out "$OUT/profile.json" --work "$WORK/profile" \
+    ${PROFILE_ARGS:---arms minima,minima-fp8,sglang-fp8-eager --output-len 1 --input-len 2048 --batch 8 --steps 20 \
+    --settle-s 15 --server-args --chunked-prefill-size 256} > "$WORK/profile.log" 2>&1
+  cp "$WORK"/profile/*.log "$OUT"/ 2>/dev/null
+  head -8 "$OUT/profile.md" 2>/dev/null
+  ;;
 niah)
   arms=${NIAH_ARMS:-bf16,fp8,minima-nostale,minima,minima-aggressive,minima-k4}
   nargs=${NIAH_ARGS:---n 64 --lengths 1024,2048,4096,8192 --concurrency 32 --chunked-prefill-sizes default}
@@ -130,7 +142,7 @@ niah)
   tar -czf "$OUT/niah-answers.tar.gz" -C "$WORK/niah" answers
   tail -c 3000 "$WORK/niah-report.log"
   ;;
-*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe|niah [BUDGET_S]"; exit 2 ;;
+*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe|profile|niah [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .
