@@ -15,7 +15,8 @@ index-major order (a run stopped early, e.g. by ``--time-budget-s``, has covered
 evenly); a rerun skips the examples already answered (a run with nothing left to do is not even
 launched). Committed answers are gzipped (``<arm>@<chunk>.jsonl.gz``, a tenth of the bytes: the
 device harness carries the working tree): they are read as they are, and a rerun that resumes one
-unpacks it to the ``.jsonl`` it appends to (the ``.jsonl``, a superset, wins where both exist). Several processes may answer different arms into one OUT side by side (``--port``); then
+unpacks it to the ``.jsonl`` it appends to (the ``.jsonl``, a superset, wins where both exist).
+Several processes may answer different arms into one OUT side by side (``--port``); then
 ``--report-only`` over all of them. Then the
 report: RULER's string_match_all per task and length, paired differences against the reference
 arm (``--reference``, FP8 by default) with bootstrap 95% intervals over examples, macro scores,

@@ -53,7 +53,7 @@ def fused_merge_fits(num_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
     (head_dim / vec_size) x num_heads threads within CUDA's 1,024 (cascade.cuh's vec_size choice)."""
     if head_dim not in MERGE_HEAD_DIMS:
         return False
-    vec_size = max(16 // torch.empty((), dtype=dtype).element_size(), head_dim // 32)
+    vec_size = max(16 // dtype.itemsize, head_dim // 32)
     return num_heads * (head_dim // vec_size) <= 1024
 
 

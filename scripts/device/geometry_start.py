@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))
 
-from minima_test_support.dummy_models import GEOMETRIES, make_model  # noqa: E402
+from minima_test_support.dummy_models import GEOMETRIES, make_model, serve_flags  # noqa: E402
 from minima_test_support.server import launch  # noqa: E402
 
 MEMORY_LINES = re.compile(r"avail mem|Memory pool|KV Cache is|Mamba Cache|Capture .* begin|Capture .* end|"
@@ -41,8 +41,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="geometry-"))
     model = make_model(args.geometry, work / "models", ensure_default_model())
-    flags = ["--model-path", str(model), "--load-format", "dummy", "--context-length", "32768",
-             "--max-total-tokens", "65536", "--max-running-requests", "4", *extra]
+    flags = [*serve_flags(model), *extra]
     log = work / "server.log"
     try:
         server = launch(flags, log, module=args.module)

@@ -31,6 +31,9 @@ WORK=${WORK:-/tmp/minima-suite/$phase}; rm -rf "$WORK"; mkdir -p "$WORK"  # WORK
 t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$WORK/gpu.txt"
 has() { [[ ",${PARTS:-e2e,unit,kernels,fp8warm}," == *",$1,"* ]]; }
+warm_smollm2() {  # SmolLM2's serving kernels, before its servers start (each would build them); args: more flags
+  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 "$@" > "$WORK/warm.log" 2>&1
+}
 need_ruler_generator() {  # RULER's generator: a wheel of .devbundle/extras, stashed by `harness.sh install`
   ls "$SGLANG_MINIMA_WHEELHOUSE"/nvidia_long_context_eval-*.whl > /dev/null 2>&1 && return 0
   echo "run_suite $phase: no RULER examples and no generator: carry [\".devbundle/ruler\"] (niah), or run" \
@@ -89,7 +92,7 @@ capacity)
 soak)
   # SmolLM2's kernels first (~100 s cold, less from warm caches): the server then starts in about a
   # minute and no request waits on a JIT build mid-load
-  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 > "$WORK/warm.log" 2>&1
+  warm_smollm2
   # the cuda profile (MINIMA_E2E_DEVICE, env.sh); its load ends so that the report is written 10 s
   # before the budget (for the server's stop), its start and its bounded drain and idle wait included
   left=$((budget - (SECONDS - t0)))
@@ -108,7 +111,7 @@ probe)
   ;;
 profile)
   # SmolLM2's kernels first: a cold build inside the first Minima server took 366 s of a call (2026-12-03)
-  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 > "$WORK/warm.log" 2>&1
+  warm_smollm2
   left=$((budget - (SECONDS - t0)))
   timeout -s INT "$left" python3 benchmark/serving/profile_decode.py --out "$OUT/profile.json" --work "$WORK/profile" \
     ${PROFILE_ARGS:---arms minima,minima-fp8,sglang-fp8-eager --output-len 1 --input-len 2048 --batch 8 --steps 20 \
@@ -127,7 +130,7 @@ niah)
   mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4)
-  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 --key-bits 3,4 > "$WORK/warm.log" 2>&1
+  warm_smollm2 --key-bits 3,4
   left=$((budget - (SECONDS - t0))); i=0
   for arm in ${arms//,/ }; do  # each stops starting groups 60 s before the budget (its server's stop)
     timeout -s INT "$left" python3 benchmark/quality/niah.py --out "$WORK/niah" --arms "$arm" --reference "$arm" \

@@ -13,7 +13,7 @@ import random
 import pytest
 import requests
 
-from minima_test_support.dummy_models import make_model
+from minima_test_support.dummy_models import make_model, serve_flags
 from minima_test_support.server import launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
@@ -26,8 +26,7 @@ def test_dummy_geometry_serves_with_tq3_pages(name, tmp_path):
     from sglang_minima.models import ensure_default_model
 
     model = make_model(name, tmp_path / "models", ensure_default_model())
-    server = launch(["--model-path", str(model), "--load-format", "dummy", "--context-length", "32768",
-                     "--max-total-tokens", "65536", "--max-running-requests", "4"], tmp_path / "server.log")
+    server = launch(serve_flags(model), tmp_path / "server.log")
     try:
         rng = random.Random(0)
         ids = [rng.randrange(100, 49000) for _ in range(2000)]

@@ -44,6 +44,13 @@ GEOMETRIES: dict[str, dict] = {
 }
 
 
+def serve_flags(model: Path) -> list[str]:
+    """The flags the device e2e geometry test (test/e2e/test_geometries.py) serves a dummy model with
+    (scripts/device/geometry_start.py starts one the same way)."""
+    return ["--model-path", str(model), "--load-format", "dummy", "--context-length", "32768",
+            "--max-total-tokens", "65536", "--max-running-requests", "4"]
+
+
 def make_model(name: str, root: Path, tokenizer_dir: Path) -> Path:
     out = root / name
     out.mkdir(parents=True, exist_ok=True)
