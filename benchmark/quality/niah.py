@@ -316,11 +316,12 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
     answers = {run.label: load_answers(args.out, run) for run in runs}
     cells = sorted({(ex.task, ex.length) for ex in examples}, key=lambda c: (c[1], list(TASKS).index(c[0])))
     keys = {c: [ex.key for ex in examples if (ex.task, ex.length) == c] for c in cells}
-    result: dict = {"cells": [], "macro": {}, "reference": args.reference}
+    result: dict = {"cells": [], "macro": {}, "macro_by_length": {}, "reference": args.reference}
     selected = {ex.key for ex in examples}
     for chunk in args.chunked_prefill_sizes:
         ref = answers.get(Run(args.reference, chunk).label, {})
         macro_diffs: dict[str, list[list[float]]] = {}
+        by_length: dict[tuple[str, int], list[tuple[list[float], dict]]] = {}
         for task, length in cells:
             for arm in args.arms:
                 got = answers[Run(arm, chunk).label]
@@ -347,6 +348,7 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 }
                 result["cells"].append(cell)
                 macro_diffs.setdefault(arm, []).append(diffs)
+                by_length.setdefault((arm, length), []).append((diffs, cell))
         for arm, per_cell in macro_diffs.items():
             arm_cells = [c for c in result["cells"] if c["chunk"] == chunk and c["arm"] == arm]
             got = answers[Run(arm, chunk).label]
@@ -361,6 +363,14 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for c in arm_cells),
                 "bytes_per_token": bytes_per_token(ARMS[arm], hot_tok, tq3_tok, args.geometry, args.page_size,
                                                    args.dtype, shlex.split(getattr(args, "server_args", ""))),
+            }
+        # #17's target holds at every length: the macro over one length's tasks, same pairing and CI
+        for (arm, length), per_task in by_length.items():
+            result["macro_by_length"].setdefault(f"{arm}@{chunk}", {})[length] = {
+                "diff_vs_ref": macro_diff([d for d, _ in per_task]),
+                "diff_ci95": macro_ci([d for d, _ in per_task], args.bootstrap, args.seed),
+                "cells": len(per_task),
+                "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for _, c in per_task),
             }
     return result
 
@@ -420,6 +430,17 @@ def markdown(result: dict, args: argparse.Namespace) -> str:
         lines.append(f"| {label} | {m['cells']} | {m['score']:.2f} | "
                      f"{fmt_diff(m['diff_vs_ref'], m['diff_ci95']) if not label.startswith(ref + '@') else '-'} | "
                      f"{m['cells_without_tq3']} | {'-' if bpt is None else f'{bpt:.0f}'} |")
+    lengths = sorted({n for by in result["macro_by_length"].values() for n in by})
+    lines += ["", f"#### Macro Δ vs {ref} by length (mean over the tasks of one length; * = no TQ3 read in some cell)", "",
+              "| run | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    for label, by in result["macro_by_length"].items():
+        if label.startswith(ref + "@"):
+            continue
+        row = []
+        for n in lengths:
+            m = by.get(n)
+            row.append("-" if m is None else fmt_diff(m["diff_vs_ref"], m["diff_ci95"]) + ("*" if m["cells_without_tq3"] else ""))
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", "Δ is paired over the examples both runs answered; runs that cover different cells are "
               "compared by their Δ, not by their scores. KV bytes per attended token are per layer (K and V, "
               "every KV head), from the route counters' FP8 and TQ3 token reads."]

@@ -40,13 +40,15 @@ from trace_summary import SCOPES, summarize_trace  # noqa: E402
 def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
     """The trace SGLang exports after the profiled steps, once it is complete (a whole gzip stream)."""
     deadline = time.time() + timeout_s
-    while time.time() < deadline:
+    while True:
         for path in sorted(trace_dir.glob("*.trace.json.gz")):
             try:
                 with gzip.open(path, "rt") as f:
                     return json.load(f)
             except (EOFError, OSError, json.JSONDecodeError):  # still being written
                 pass
+        if time.time() >= deadline:
+            break
         time.sleep(2)
     raise RuntimeError(f"no complete trace in {trace_dir} after {timeout_s:.0f} s")
 
@@ -132,14 +134,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
     ap.add_argument("--work", type=Path, default=Path(serve_arms.ROOT) / ".cache" / "profile_decode")
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
+    ap.add_argument("--from-traces", type=Path, metavar="DIR",
+                    help="no servers: summarize the traces a run left in DIR (<arm>-trace/, e.g. of a run whose "
+                         "call ended before it summarized its last arm), --arms in that order")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for name in tqdm(args.arms.split(","), desc="arms"):
-        results.append(profile_arm(name, args, args.work))
+        if args.from_traces:
+            trace = summarize_trace(_read_trace(args.from_traces / f"{name}-trace", timeout_s=0), args.steps)
+            results.append({"arm": name, "flags": arms(e2e_device())[name].flags, **trace})
+        else:
+            results.append(profile_arm(name, args, args.work))
         # written after every arm: a run cut short (a device call's limit) keeps the arms it profiled
-        out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": e2e_device(),
+        when = max(f.stat().st_mtime for f in args.from_traces.glob("*-trace/*.gz")) if args.from_traces else None
+        out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)), "device": e2e_device(),
                "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
         args.out.write_text(json.dumps(out, indent=1))
         args.out.with_suffix(".md").write_text(render(results, args))

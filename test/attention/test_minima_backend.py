@@ -210,7 +210,7 @@ def test_an_extend_the_split_refuses_is_attended_by_the_torch_path_and_counted(m
     h = Harness.real(monkeypatch, device="cuda")
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
 
-    def refuse(plan, q_lens, kv_lens):
+    def refuse(plan, q_lens, kv_lens, *, tq3_possible=True):  # split_extend's signature
         raise ValueError("a TQ3 page overlaps the new tokens")
 
     monkeypatch.setattr(backend_module, "split_extend", refuse)

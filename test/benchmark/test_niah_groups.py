@@ -93,3 +93,33 @@ def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tm
     # the unpacked copy, a superset, wins over the gzip
     (tmp_path / "answers" / "fp8@default.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert len(niah.load_answers(tmp_path, run)) == 4
+
+
+def test_the_macro_by_length_averages_each_lengths_tasks_and_flags_a_length_without_tq3(tmp_path):
+    def row(task: str, length: int, index: int, score: float, tq3: int) -> dict:
+        routes = {"route_hot_pages": 4, "route_tq3_pages": tq3, "route_hot_tokens": 256, "route_tq3_tokens": 64 * tq3,
+                  "retier_pages": tq3}
+        return {"key": f"{task}/{length}/{index}", "task": task, "length": length, "index": index, "score": score,
+                "routes": routes}
+
+    cells = [(t, n) for n in (1024, 2048) for t in ("niah_single_1", "niah_multikey_1")]
+    _answers(tmp_path, "fp8@256", [row(t, n, i, 100.0, 0) | {"routes": None} for t, n in cells for i in range(2)])
+    # 1K: single_1 loses 50 on both examples, multikey_1 nothing, and no example read a TQ3 page;
+    # 2K: single_1 nothing, multikey_1 loses 100 on one example of two (its cell: -50)
+    scores = {("niah_single_1", 1024): (50.0, 50.0), ("niah_multikey_1", 1024): (100.0, 100.0),
+              ("niah_single_1", 2048): (100.0, 100.0), ("niah_multikey_1", 2048): (0.0, 100.0)}
+    _answers(tmp_path, "minima@256", [row(t, n, i, scores[(t, n)][i], 0 if n == 1024 else 2)
+                                      for t, n in cells for i in range(2)])
+    args = Namespace(out=tmp_path, reference="fp8", arms=["fp8", "minima"], chunked_prefill_sizes=["256"],
+                     bootstrap=200, seed=0, geometry=(3, 64), page_size=64, dtype="bfloat16")
+    examples = [_ex(t, n, i) for t, n in cells for i in range(2)]
+    result = niah.report([niah.Run(a, "256") for a in args.arms], examples, args)
+    by = result["macro_by_length"]["minima@256"]
+    assert by[1024]["diff_vs_ref"] == -25.0 and by[1024]["cells_without_tq3"] == 2
+    assert by[2048]["diff_vs_ref"] == -25.0 and by[2048]["cells_without_tq3"] == 0
+    assert tuple(by[1024]["diff_ci95"]) == (-25.0, -25.0)  # every example of 1K moved alike
+    lo, hi = by[2048]["diff_ci95"]
+    assert lo < -25.0 < hi  # one of two examples lost: the resample moves
+    assert result["macro"]["minima@256"]["diff_vs_ref"] == -25.0
+    md = niah.markdown(result, args)
+    assert "| minima@256 | -25.0 [-25.0, -25.0]* | -25.0 [" in md

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
 from trace_summary import summarize_trace  # noqa: E402
@@ -31,3 +33,25 @@ def test_a_scope_counts_its_host_span_not_its_gpu_span():
     assert s["gpu_ms_per_step"] == 0.2
     assert s["top_host_ops_ms_per_step"] == {"aten::add": 0.025}
     assert s["top_runtime_calls_ms_per_step"] == {"cudaStreamSynchronize": 0.15}
+
+
+def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
+    import gzip
+    import json
+
+    import profile_decode
+
+    trace = {"traceEvents": [_ev("minima.kv_write", "user_annotation", 0, 4000), _ev("k", "kernel", 10, 1000)]}
+    for arm in ("sglang-fp8-eager", "minima"):
+        (tmp_path / f"{arm}-trace").mkdir()
+        with gzip.open(tmp_path / f"{arm}-trace" / f"{arm}-TP-0.trace.json.gz", "wt") as f:
+            json.dump(trace, f)
+    (tmp_path / "minima-fp8-trace").mkdir()  # an arm whose trace was never written
+    out = profile_decode.main(["--arms", "sglang-fp8-eager,minima", "--steps", "2", "--from-traces", str(tmp_path),
+                               "--work", str(tmp_path / "w"), "--out", str(tmp_path / "p.json")])
+    assert [r["arm"] for r in out["results"]] == ["sglang-fp8-eager", "minima"]
+    assert out["results"][1]["scopes_ms_per_step"]["minima.kv_write"] == 2.0
+    assert "| minima | 2.0 | 0.5 |" in (tmp_path / "p.md").read_text()
+    with pytest.raises(RuntimeError, match="no complete trace"):
+        profile_decode.main(["--arms", "minima-fp8", "--from-traces", str(tmp_path), "--work", str(tmp_path / "w"),
+                             "--out", str(tmp_path / "q.json")])
