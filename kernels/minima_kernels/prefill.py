@@ -10,11 +10,13 @@ by LSE (base 2):
   prefill over the FP8 hot buffers with one token per "page" (the physical slots), SGLang's layout
   for its own paged prefill, so both wrappers are the JIT modules SGLang's FP8 arm builds too;
 - its TQ3 pages, all visible (a TQ3 page is sealed, so it precedes every query of the request):
-  ``tile_tokens`` at a time decoded and un-rotated into a bf16 tile by one TileLang launch
-  (``PageConversions.tq3_to_bf16_heads``, head-major) and attended by FlashInfer's single prefill
-  over that ``HND`` tile, so the scratch is one tile, never the prefix. Head dims that are not a
-  power of two (no Hadamard rotation in the kernels) decode with the torch codec in the rotated space
-  (``sglang_minima.ops``).
+  decoded and un-rotated into a bf16 tile by one TileLang launch (``PageConversions.tq3_to_bf16_heads``,
+  head-major) and attended by FlashInfer's ragged prefill over that ``HND`` tile. A tile holds up to
+  ``tile_tokens`` TQ3 tokens of consecutive requests (a request may continue in the next tile), so a
+  layer launches three kernels per tile whatever the batch size (a launch per request and tile before:
+  docs/results/device/profile_prefill_1725.md), and the scratch is one tile, never the prefix. Head
+  dims that are not a power of two (no Hadamard rotation in the kernels) decode with the torch codec in
+  the rotated space (``sglang_minima.ops``), request by request.
 
 Each part is merged into the first in place by FlashInfer's ``merge_state_in_place`` (one launch;
 rows without a hot prefix masked out), in q's dtype as SGLang's flashinfer backend merges its ragged
@@ -24,7 +26,7 @@ prefill step costs (docs/results/device/profile_prefill_1525.md). Where that ker
 ``_safe_merge_state`` guards the same limit) the torch merge does it.
 
 ``plan()`` takes the split (``sglang_minima.layers.attention.plan.ExtendPlan``: host index pointers,
-device slots and pages) once per forward step and plans both FlashInfer wrappers (no device read);
+device slots and pages) once per forward step and plans the FlashInfer wrappers (no device read);
 ``run()`` launches one layer's attention. Prefill is eager (SGLang captures no extend graphs here).
 """
 
@@ -40,8 +42,8 @@ from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch
 
 DEFAULT_TILE_TOKENS = 16384
-"""TQ3 tokens decoded at once per request: K and V in bf16, 4 bytes per element (16,384 tokens of 8
-heads of 128: 64 MiB)."""
+"""TQ3 tokens decoded at once: K and V in bf16, 4 bytes per element (16,384 tokens of 8 heads of
+128: 64 MiB)."""
 TORCH_TILE_TOKENS = 4096
 """The torch codec's tile: K and V in fp32 plus their bf16 copies, 12 bytes per element."""
 MERGE_HEAD_DIMS = (64, 128, 256, 512)
@@ -64,6 +66,15 @@ class Tq3Segment:
     q_start: int
     q_len: int
     pages: torch.Tensor  # int64 physical TQ3 page ids, on the device
+
+
+@dataclass(frozen=True)
+class _Tq3Tile:
+    """TQ3 pages of consecutive requests decoded into one tile, and the ragged prefill planned over it."""
+
+    rows: slice  # the requests' query rows (adjacent: no request without TQ3 pages between them)
+    pages: torch.Tensor  # int32 physical TQ3 page ids on the device, request by request
+    wrapper: object  # flashinfer.BatchPrefillWithRaggedKVCacheWrapper, HND
 
 
 class MinimaPrefillWrapper:
@@ -113,6 +124,8 @@ class MinimaPrefillWrapper:
         # SGLang's choices on Hopper (flashinfer_backend.py): ragged "auto", paged "fa2"
         self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="auto")
         self._paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+        self._workspace = workspace
+        self._tile_wrappers: list = []  # one ragged wrapper per tile of a step (each holds its plan)
         self._has_prefix = False
         self._prefix_rows: torch.Tensor | None = None
         self._tq3: tuple[Tq3Segment, ...] = ()
@@ -146,11 +159,51 @@ class MinimaPrefillWrapper:
             )
         self._prefix_rows = prefix_rows
         self._tq3 = tuple(tq3)
-        # the kernel path: each request's TQ3 pages as int32 page lists, one per tile (device slices: no read)
-        self._tq3_tiles = tuple(
-            tuple(seg.pages[i : i + self.tile_pages].to(torch.int32) for i in range(0, seg.pages.numel(), self.tile_pages))
-            for seg in self._tq3
-        ) if self._dequant is not None else ()
+        self._tq3_tiles = self._plan_tq3_tiles() if self._dequant is not None and self._tq3 else ()
+
+    def _plan_tq3_tiles(self) -> tuple[_Tq3Tile, ...]:
+        """The kernel path's tiles: the segments' pages in request order, cut every ``tile_pages``
+        pages and wherever a request without TQ3 pages lies between two segments (its rows would read
+        nothing: FlashInfer's output for an empty key set is not defined). Page counts are shapes:
+        no device read."""
+        tiles, run, taken = [], [], 0  # run: (segment, first page, end page) of the tile being filled
+
+        def close() -> None:
+            nonlocal run, taken
+            if not run:
+                return
+            first, last = run[0][0], run[-1][0]
+            qo, kv = [0], [0]
+            for seg, a, b in run:  # a segment cut across tiles appears in each, with its pages there
+                qo.append(qo[-1] + seg.q_len)
+                kv.append(kv[-1] + (b - a) * self.page_size)
+            if len(self._tile_wrappers) == len(tiles):
+                self._tile_wrappers.append(
+                    flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "HND", backend="fa2")
+                )
+            wrapper = self._tile_wrappers[len(tiles)]
+            wrapper.plan(
+                torch.tensor(qo, dtype=torch.int32), torch.tensor(kv, dtype=torch.int32), self.num_qo_heads,
+                self.num_kv_heads, self.head_dim, causal=False, sm_scale=self.sm_scale,
+                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+            )
+            pages = torch.cat([seg.pages[a:b] for seg, a, b in run]).to(torch.int32)
+            tiles.append(_Tq3Tile(slice(first.q_start, last.q_start + last.q_len), pages, wrapper))
+            run, taken = [], 0
+
+        for seg in self._tq3:
+            if run and run[-1][0].q_start + run[-1][0].q_len != seg.q_start:
+                close()
+            n, a = seg.pages.numel(), 0
+            while a < n:
+                b = min(n, a + self.tile_pages - taken)
+                run.append((seg, a, b))
+                taken += b - a
+                a = b
+                if taken == self.tile_pages:
+                    close()
+        close()
+        return tuple(tiles)
 
     def run(
         self,
@@ -194,25 +247,20 @@ class MinimaPrefillWrapper:
         return out
 
     def _attend_tq3_tiles(self, q, out, lse, tq3_buffer, rotation: LayerRotation) -> None:
-        """Each request's TQ3 pages, a tile at a time: decoded and un-rotated into the bf16 tile by
-        one launch, attended by FlashInfer's single prefill (head-major keys, the tile's first
-        tokens by their strides), merged into (out, lse) in place."""
+        """The TQ3 prefix a tile at a time: the tile's pages decoded and un-rotated into bf16 by one
+        launch, attended by its requests' queries through the tile's ragged prefill (head-major keys,
+        the tile's first tokens by their strides), merged into (out, lse) in place."""
         h, d, p = self.num_kv_heads, self.head_dim, self.page_size
-        longest = max(tile.numel() for tiles in self._tq3_tiles for tile in tiles)
+        longest = max(tile.pages.numel() for tile in self._tq3_tiles)
         k_tile = torch.empty(h, longest * p, d, dtype=torch.bfloat16, device=q.device)
         v_tile = torch.empty_like(k_tile)
         note_scratch(k_tile, v_tile)
-        for seg, tiles in zip(self._tq3, self._tq3_tiles):
-            rows = slice(seg.q_start, seg.q_start + seg.q_len)
-            q_seg = q[rows].to(k_tile.dtype)  # (an fp16 model's queries meet the bf16 tile as bf16)
-            for pages in tiles:
-                self._dequant.tq3_to_bf16_heads(tq3_buffer, pages, k_tile, v_tile, rotation.signs)
-                n = pages.numel() * p
-                o_t, lse_t = flashinfer.single_prefill_with_kv_cache(
-                    q_seg, k_tile[:, :n], v_tile[:, :n], kv_layout="HND", causal=False, sm_scale=self.sm_scale,
-                    return_lse=True, backend="fa2",  # as SGLang's paged prefill on Hopper: any GQA group
-                )
-                self._merge(out[rows], lse[rows], o_t.to(out.dtype), lse_t)  # the merge takes one dtype
+        for tile in self._tq3_tiles:
+            self._dequant.tq3_to_bf16_heads(tq3_buffer, tile.pages, k_tile, v_tile, rotation.signs)
+            n = tile.pages.numel() * p
+            q_t = q[tile.rows].to(k_tile.dtype)  # (an fp16 model's queries meet the bf16 tile as bf16)
+            o_t, lse_t = tile.wrapper.run(q_t, k_tile[:, :n], v_tile[:, :n], return_lse=True)
+            self._merge(out[tile.rows], lse[tile.rows], o_t.to(out.dtype), lse_t)  # the merge takes one dtype
 
     def _merge(self, out, lse, o, lse_o, mask=None) -> None:
         """(out, lse) <- their LSE merge with (o, lse_o), in place, where ``mask`` (bool [T]) is set

@@ -157,7 +157,7 @@ def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=None):
             conv = lambda h=h, d=d, p=p, bits=bits: PageConversions(h, p, d, bits)  # noqa: E731
             yield f"serving retier {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().encode_kernel
             yield f"serving promote {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().decode_kernel
-            # the extend path: its two FlashInfer modules (JIT, ragged bf16 and paged FP8) and the TQ3 tile
+            # the extend path: its FlashInfer modules (JIT: ragged bf16 auto and fa2, paged FP8) and the TQ3 tile
             yield (
                 f"serving prefill {hq}/{h}/{d}/p{p} k{bits}",
                 lambda hq=hq, h=h, d=d, p=p, bits=bits: warm_prefill(workspace, hq, h, d, p, bits),
@@ -167,7 +167,7 @@ def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=None):
 def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int, key_bits: int) -> None:
     """One tiny extend over a hot prefix and a TQ3 page through MinimaPrefillWrapper: FlashInfer
     compiles (or loads) the modules a server's first prompts would otherwise wait for (ragged bf16,
-    paged FP8, single prefill, the in-place merge), and the TQ3 tile decoder is built."""
+    paged FP8, the TQ3 tile's ragged bf16 HND, the in-place merge), and the TQ3 tile decoder is built."""
     from minima_kernels.prefill import MinimaPrefillWrapper, Tq3Segment
     from sglang_minima.codec.layout import TQ3PageLayout
     from sglang_minima.codec.rotation import LayerRotation

@@ -1,7 +1,7 @@
 """MinimaPrefillWrapper's plumbing on CPU: FlashInfer replaced by a stand-in that follows its contract
-(plan from host index pointers; ragged: causal within each request's new tokens; paged: every listed
-slot visible; single prefill over an HND tile; out in q's dtype, base-2 LSE [T, Hq]; the in-place
-merge: contiguous operands, fp32 LSE, masked rows untouched), the TQ3 decode real (the torch codec,
+(plan from host index pointers; ragged: causal within each request's new tokens, or a TQ3 tile's
+head-major keys all visible, rows without keys undefined; paged: every listed slot visible; out in
+q's dtype, base-2 LSE [T, Hq]; the in-place merge: contiguous operands, fp32 LSE, masked rows untouched), the TQ3 decode real (the torch codec,
 or in place of the TileLang tile decoder the codec writing the same bf16 tiles). Against the torch
 reference (mixed_paged_attention, causal by position) on the same keys. On the device,
 test/attention/test_minima_backend.py runs the real FlashInfer."""
@@ -30,18 +30,31 @@ K_SCALE, V_SCALE = 0.5, 0.25
 
 
 class _Ragged:
-    def __init__(self, workspace, layout, backend):
-        assert layout == "NHD"
+    """The new tokens' wrapper (NHD, causal, keys = queries) or a TQ3 tile's (HND keys [H, kv, D], fa2,
+    every key visible): what MinimaPrefillWrapper builds. One plan per wrapper, as FlashInfer keeps it."""
 
-    def plan(self, qo_indptr, kv_indptr, hq, h, d, *, causal, sm_scale, q_data_type):
-        assert qo_indptr.device.type == "cpu" and causal
-        self.indptr, self.sm = qo_indptr.tolist(), sm_scale
+    def __init__(self, workspace, layout, backend):
+        assert (layout, backend) in (("NHD", "auto"), ("HND", "fa2")), (layout, backend)
+        self.layout = layout
+
+    def plan(self, qo_indptr, kv_indptr, hq, h, d, *, causal, sm_scale, q_data_type, kv_data_type=None):
+        assert qo_indptr.device.type == kv_indptr.device.type == "cpu"
+        assert causal == (self.layout == "NHD") and qo_indptr.numel() == kv_indptr.numel()
+        assert kv_data_type in (None, q_data_type)
+        self.qo, self.kv, self.sm = qo_indptr.tolist(), kv_indptr.tolist(), sm_scale
 
     def run(self, q, k, v, return_lse):
-        out, lse = torch.zeros_like(q), torch.zeros(q.shape[:2])
-        for a, b in zip(self.indptr, self.indptr[1:]):
-            pos = torch.arange(b - a)
-            o, s = attend(q[a:b], k[a:b], v[a:b], self.sm, causal_mask(pos, pos))
+        assert q.is_contiguous() and q.dtype == k.dtype == v.dtype and q.shape[0] == self.qo[-1]
+        if self.layout == "HND":  # keys and values head-major: [H, kv, D], read by their strides
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        assert k.shape[0] == self.kv[-1]
+        out, lse = torch.full_like(q, float("nan")), torch.full(q.shape[:2], float("-inf"))  # no keys: undefined
+        for i, (a, b) in enumerate(zip(self.qo, self.qo[1:])):
+            ka, kb = self.kv[i], self.kv[i + 1]
+            if kb == ka:
+                continue
+            mask = causal_mask(torch.arange(b - a), torch.arange(kb - ka)) if self.layout == "NHD" else None
+            o, s = attend(q[a:b], k[ka:kb], v[ka:kb], self.sm, mask)
             out[a:b], lse[a:b] = o.to(q.dtype), s
         return out, lse
 
@@ -68,12 +81,6 @@ class _Paged:
                 o, l = attend(q[a:b], k, v, self.sm)
                 out[a:b], lse[a:b] = o.to(q.dtype), l
         return out, lse
-
-
-def _single_prefill(q, k, v, *, kv_layout, causal, sm_scale, return_lse, backend):
-    assert kv_layout == "HND" and not causal and return_lse and q.dtype == k.dtype == v.dtype  # one module
-    o, lse = attend(q, k.transpose(0, 1), v.transpose(0, 1), sm_scale)
-    return o.to(q.dtype), lse
 
 
 def _merge_state_in_place(v, s, v_other, s_other, mask=None):
@@ -116,7 +123,7 @@ def prefill(request, monkeypatch):
         return
     fake = types.SimpleNamespace(
         BatchPrefillWithRaggedKVCacheWrapper=_Ragged, BatchPrefillWithPagedKVCacheWrapper=_Paged,
-        single_prefill_with_kv_cache=_single_prefill, merge_state_in_place=_merge_state_in_place,
+        merge_state_in_place=_merge_state_in_place,
     )
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     monkeypatch.delitem(sys.modules, "minima_kernels.prefill", raising=False)
@@ -171,8 +178,13 @@ def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages
     rot_dev = LayerRotation(H, D, layer_id=3, device=dev)  # the pool's rotation lives on its device
     got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot_dev, k_scale=K_SCALE, v_scale=V_SCALE)
     assert got.dtype == dtype and got.shape == q.shape and not got.isnan().any()
-    got = got.cpu()
+    _check_against_the_torch_reference(got.cpu(), q, reqs, k8, v8, tq3, layout, cb, rot)
 
+
+def _check_against_the_torch_reference(got, q, reqs, k8, v8, tq3, layout, cb, rot):
+    """Each request's rows against mixed_paged_attention (causal by position) over its hot slots (a
+    sink page's 16 tokens and a 5-token tail around its TQ3 pages, or none), its TQ3 pages (first at
+    position ``tq3_at``) and its new tokens."""
     start = 0
     for r in reqs:
         n = len(r["new"])
@@ -191,6 +203,40 @@ def test_three_parts_merged_equal_the_torch_reference(prefill, tiles, tile_pages
         )
         torch.testing.assert_close(got[start : start + n].float(), want, atol=2e-2, rtol=2e-2)
         start += n
+
+
+def test_tiles_hold_consecutive_requests_pages_and_stop_at_a_request_without_tq3(prefill):
+    # A (rows 0-6): hot sink, TQ3 pages 4, 1, hot tail; B (rows 7-9): TQ3 pages 5, 0, 3; C (rows 10-14):
+    # a fresh prompt; D (rows 15-18): TQ3 page 2. Tiles of 3 pages: A's two and B's first, B's other
+    # two, then D's alone: C's rows lie between B and D and read no tile.
+    prefill, dev = prefill
+    g, layout, rot, cb, k8, v8, tq3 = _setup(5)
+    reqs = [
+        dict(hot=list(range(100, 116)) + list(range(116, 121)), new=list(range(121, 128)), tq3=[4, 1], tq3_at=16),
+        dict(hot=[], new=list(range(130, 133)), tq3=[5, 0, 3], tq3_at=0),
+        dict(hot=[], new=list(range(150, 155)), tq3=[], tq3_at=0),
+        dict(hot=[], new=list(range(60, 64)), tq3=[2], tq3_at=0),
+    ]
+    q = torch.randn(19, HQ, D, generator=g).to(torch.bfloat16)
+    new_slots = torch.tensor([s for r in reqs for s in r["new"]])
+    k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
+    v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=3 * PS)
+    if dev.type != "cuda":
+        w._dequant = _CodecTiles(layout, cb, rot)
+    segs = (prefill.Tq3Segment(0, 7, torch.tensor([4, 1], device=dev)),
+            prefill.Tq3Segment(7, 3, torch.tensor([5, 0, 3], device=dev)),
+            prefill.Tq3Segment(15, 4, torch.tensor([2], device=dev)))
+    w.plan(torch.tensor([0, 7, 10, 15, 19], dtype=torch.int32), torch.tensor([0, 21, 21, 21, 21], dtype=torch.int32),
+           torch.tensor(reqs[0]["hot"], dtype=torch.int32, device=dev), torch.tensor([True] * 7 + [False] * 12, device=dev),
+           segs)
+    assert [(t.rows, t.pages.tolist()) for t in w._tq3_tiles] == [
+        (slice(0, 10), [4, 1, 5]), (slice(7, 10), [0, 3]), (slice(15, 19), [2])]
+    hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
+    rot_dev = LayerRotation(H, D, layer_id=3, device=dev)
+    got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot_dev, k_scale=K_SCALE, v_scale=V_SCALE)
+    assert not got.isnan().any()
+    _check_against_the_torch_reference(got.cpu(), q, reqs, k8, v8, tq3, layout, cb, rot)
 
 
 def test_no_prefix_and_no_tq3_is_the_causal_part_alone(prefill):
