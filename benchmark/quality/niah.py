@@ -37,6 +37,8 @@ Arms (``--arms``):
   minima-sink4       minima with four sink pages.
   minima-anchor8     minima with an Anchor budget of eight pages per request (filled by age and structure).
   minima-k4-recentN  Minima defaults (4-bit keys) with N Recent pages (8, 16).
+  minima-k4-defer    Minima defaults plus ``--minima-defer-prefill-conversion``.
+  minima-native-nostale  minima-nostale on the torch path (``--attention-backend minima_native``).
 
 The frontier: every run's macro score against the KV bytes per token it attended (per layer, from
 the route counters' hot and TQ3 token reads and the codec's page accounting), in the report and in
@@ -124,6 +126,10 @@ ARMS: dict[str, ArmSpec] = {
         # the two levers together: 4-bit keys (the defaults) and a longer Recent window
         *(ArmSpec(f"minima-k4-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
           for n in (8, 16)),
+        ArmSpec("minima-k4-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
+        # the torch path over the same FP8 pages: tells Minima's kernels' numerics from its page handling
+        ArmSpec("minima-native-nostale", "sglang_minima.launch_server",
+                ("--attention-backend", "minima_native", "--minima-disable-stale")),
     )
 }
 

@@ -3,8 +3,6 @@
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
 from trace_summary import summarize_trace  # noqa: E402
@@ -36,10 +34,11 @@ def test_a_scope_counts_its_host_span_not_its_gpu_span():
 
 
 def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
+    # a subprocess: profile_decode imports serve_arms, which sets SGLang's CPU engine up before SGLang
+    # is imported (this test process may have imported it already)
     import gzip
     import json
-
-    import profile_decode
+    import subprocess
 
     trace = {"traceEvents": [_ev("minima.kv_write", "user_annotation", 0, 4000), _ev("k", "kernel", 10, 1000)]}
     for arm in ("sglang-fp8-eager", "minima"):
@@ -47,11 +46,17 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
         with gzip.open(tmp_path / f"{arm}-trace" / f"{arm}-TP-0.trace.json.gz", "wt") as f:
             json.dump(trace, f)
     (tmp_path / "minima-fp8-trace").mkdir()  # an arm whose trace was never written
-    out = profile_decode.main(["--arms", "sglang-fp8-eager,minima", "--steps", "2", "--from-traces", str(tmp_path),
-                               "--work", str(tmp_path / "w"), "--out", str(tmp_path / "p.json")])
+    script = Path(__file__).resolve().parents[2] / "benchmark" / "serving" / "profile_decode.py"
+
+    def run(arms: str, out: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), "--arms", arms, "--steps", "2", "--from-traces",
+                               str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / out)],
+                              capture_output=True, text=True, timeout=300)
+
+    assert run("sglang-fp8-eager,minima", "p.json").returncode == 0
+    out = json.loads((tmp_path / "p.json").read_text())
     assert [r["arm"] for r in out["results"]] == ["sglang-fp8-eager", "minima"]
     assert out["results"][1]["scopes_ms_per_step"]["minima.kv_write"] == 2.0
     assert "| minima | 2.0 | 0.5 |" in (tmp_path / "p.md").read_text()
-    with pytest.raises(RuntimeError, match="no complete trace"):
-        profile_decode.main(["--arms", "minima-fp8", "--from-traces", str(tmp_path), "--work", str(tmp_path / "w"),
-                             "--out", str(tmp_path / "q.json")])
+    failed = run("minima-fp8", "q.json")
+    assert failed.returncode != 0 and "no complete trace" in failed.stderr
