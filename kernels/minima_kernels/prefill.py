@@ -12,9 +12,11 @@ by LSE (base 2):
 - its TQ3 pages, all visible (a TQ3 page is sealed, so it precedes every query of the request):
   decoded and un-rotated into a bf16 tile by one TileLang launch (``PageConversions.tq3_to_bf16_heads``,
   head-major) and attended by FlashInfer's ragged prefill over that ``HND`` tile. A tile holds up to
-  ``tile_tokens`` TQ3 tokens of consecutive requests (a request may continue in the next tile), so a
-  layer launches three kernels per tile whatever the batch size (a launch per request and tile before:
-  docs/results/device/profile_prefill_1725.md), and the scratch is one tile, never the prefix. Head
+  ``tile_tokens`` TQ3 tokens of the batch's requests in order (a request may continue in the next
+  tile; the rows of requests without TQ3 pages between them ride along with no keys and are masked
+  in the merge), so a layer launches a few kernels per tile, and a batch's tiles are its TQ3 tokens
+  over ``tile_tokens``, however many requests hold them (a launch per request and tile before:
+  docs/results/device/profile_prefill_1725.md). The scratch is one tile, never the prefix. Head
   dims that are not a power of two (no Hadamard rotation in the kernels) decode with the torch codec in
   the rotated space (``sglang_minima.ops``), request by request.
 
@@ -37,10 +39,15 @@ import torch
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
+from sglang_minima.layers.attention.plan import to_device
 from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch
 
+TILE_PLAN_BYTES = 1 << 20
+"""A tile wrapper's int workspace (device, and as much pinned host memory): its plan's work lists,
+a few int32 per 16-row query tile and per query row (FlashInfer's own default, 8 MiB, would be
+held once per tile of the largest batch seen)."""
 DEFAULT_TILE_TOKENS = 16384
 """TQ3 tokens decoded at once: K and V in bf16, 4 bytes per element (16,384 tokens of 8 heads of
 128: 64 MiB)."""
@@ -72,9 +79,10 @@ class Tq3Segment:
 class _Tq3Tile:
     """TQ3 pages of consecutive requests decoded into one tile, and the ragged prefill planned over it."""
 
-    rows: slice  # the requests' query rows (adjacent: no request without TQ3 pages between them)
+    rows: slice  # query rows from its first request's to its last's
     pages: torch.Tensor  # int32 physical TQ3 page ids on the device, request by request
     wrapper: object  # flashinfer.BatchPrefillWithRaggedKVCacheWrapper, HND
+    mask: torch.Tensor | None  # bool [rows]: rows of requests with pages here (None: all of them)
 
 
 class MinimaPrefillWrapper:
@@ -163,37 +171,36 @@ class MinimaPrefillWrapper:
 
     def _plan_tq3_tiles(self) -> tuple[_Tq3Tile, ...]:
         """The kernel path's tiles: the segments' pages in request order, cut every ``tile_pages``
-        pages and wherever a request without TQ3 pages lies between two segments (its rows would read
-        nothing: FlashInfer's output for an empty key set is not defined). Page counts are shapes:
-        no device read."""
+        pages. Rows between two segments of a tile (requests without TQ3 pages) are one more ragged
+        request with no keys, whose output FlashInfer leaves undefined: the tile's mask keeps them out
+        of the merge. Page counts are shapes: no device read."""
         tiles, run, taken = [], [], 0  # run: (segment, first page, end page) of the tile being filled
 
         def close() -> None:
             nonlocal run, taken
-            if not run:
-                return
-            first, last = run[0][0], run[-1][0]
-            qo, kv = [0], [0]
+            qo, kv, keep = [0], [0], []
             for seg, a, b in run:  # a segment cut across tiles appears in each, with its pages there
+                gap = seg.q_start - (run[0][0].q_start + qo[-1])
+                if gap:  # the rows of requests without TQ3 pages since the last segment
+                    qo.append(qo[-1] + gap)
+                    kv.append(kv[-1])
+                    keep += [False] * gap
                 qo.append(qo[-1] + seg.q_len)
                 kv.append(kv[-1] + (b - a) * self.page_size)
-            if len(self._tile_wrappers) == len(tiles):
-                self._tile_wrappers.append(
-                    flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "HND", backend="fa2")
-                )
-            wrapper = self._tile_wrappers[len(tiles)]
+                keep += [True] * seg.q_len
+            wrapper = self._tile_wrapper(len(tiles))
             wrapper.plan(
                 torch.tensor(qo, dtype=torch.int32), torch.tensor(kv, dtype=torch.int32), self.num_qo_heads,
                 self.num_kv_heads, self.head_dim, causal=False, sm_scale=self.sm_scale,
                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
             )
+            device = run[0][0].pages.device
             pages = torch.cat([seg.pages[a:b] for seg, a, b in run]).to(torch.int32)
-            tiles.append(_Tq3Tile(slice(first.q_start, last.q_start + last.q_len), pages, wrapper))
+            mask = None if all(keep) else to_device(keep, torch.bool, device)
+            tiles.append(_Tq3Tile(slice(run[0][0].q_start, run[0][0].q_start + qo[-1]), pages, wrapper, mask))
             run, taken = [], 0
 
         for seg in self._tq3:
-            if run and run[-1][0].q_start + run[-1][0].q_len != seg.q_start:
-                close()
             n, a = seg.pages.numel(), 0
             while a < n:
                 b = min(n, a + self.tile_pages - taken)
@@ -202,8 +209,20 @@ class MinimaPrefillWrapper:
                 a = b
                 if taken == self.tile_pages:
                     close()
-        close()
+        if run:
+            close()
         return tuple(tiles)
+
+    def _tile_wrapper(self, i: int):
+        """The ``i``-th tile's ragged wrapper (each keeps its plan), made on first use with a small
+        int workspace (``TILE_PLAN_BYTES``) beside the shared float one."""
+        while len(self._tile_wrappers) <= i:
+            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "HND", backend="fa2")
+            w.reset_workspace_buffer(
+                self._workspace, torch.empty(TILE_PLAN_BYTES, dtype=torch.uint8, device=self._workspace.device)
+            )
+            self._tile_wrappers.append(w)
+        return self._tile_wrappers[i]
 
     def run(
         self,
@@ -260,7 +279,8 @@ class MinimaPrefillWrapper:
             n = tile.pages.numel() * p
             q_t = q[tile.rows].to(k_tile.dtype)  # (an fp16 model's queries meet the bf16 tile as bf16)
             o_t, lse_t = tile.wrapper.run(q_t, k_tile[:, :n], v_tile[:, :n], return_lse=True)
-            self._merge(out[tile.rows], lse[tile.rows], o_t.to(out.dtype), lse_t)  # the merge takes one dtype
+            # (the merge takes one dtype; rows without keys here are masked out)
+            self._merge(out[tile.rows], lse[tile.rows], o_t.to(out.dtype), lse_t, mask=tile.mask)
 
     def _merge(self, out, lse, o, lse_o, mask=None) -> None:
         """(out, lse) <- their LSE merge with (o, lse_o), in place, where ``mask`` (bool [T]) is set

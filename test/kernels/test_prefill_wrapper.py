@@ -37,17 +37,22 @@ class _Ragged:
         assert (layout, backend) in (("NHD", "auto"), ("HND", "fa2")), (layout, backend)
         self.layout = layout
 
+    def reset_workspace_buffer(self, float_workspace, int_workspace):
+        assert int_workspace.dtype == torch.uint8 and int_workspace.device == float_workspace.device
+
     def plan(self, qo_indptr, kv_indptr, hq, h, d, *, causal, sm_scale, q_data_type, kv_data_type=None):
         assert qo_indptr.device.type == kv_indptr.device.type == "cpu"
         assert causal == (self.layout == "NHD") and qo_indptr.numel() == kv_indptr.numel()
-        assert kv_data_type in (None, q_data_type)
         self.qo, self.kv, self.sm = qo_indptr.tolist(), kv_indptr.tolist(), sm_scale
+        self.shape, self.dtypes = (hq, h, d), (q_data_type, kv_data_type or q_data_type)
 
     def run(self, q, k, v, return_lse):
-        assert q.is_contiguous() and q.dtype == k.dtype == v.dtype and q.shape[0] == self.qo[-1]
+        # what run() checks against the plan: q's rows, q's and k's dtypes; the heads it was planned for
+        assert q.is_contiguous() and (q.dtype, k.dtype) == self.dtypes and v.dtype == k.dtype
         if self.layout == "HND":  # keys and values head-major: [H, kv, D], read by their strides
             k, v = k.transpose(0, 1), v.transpose(0, 1)
-        assert k.shape[0] == self.kv[-1]
+        assert q.shape[0] == self.qo[-1] and k.shape[0] == self.kv[-1]
+        assert (q.shape[1], k.shape[1], q.shape[2]) == self.shape and k.shape[2] == self.shape[2]
         out, lse = torch.full_like(q, float("nan")), torch.full(q.shape[:2], float("-inf"))  # no keys: undefined
         for i, (a, b) in enumerate(zip(self.qo, self.qo[1:])):
             ka, kb = self.kv[i], self.kv[i + 1]
@@ -205,10 +210,16 @@ def _check_against_the_torch_reference(got, q, reqs, k8, v8, tq3, layout, cb, ro
         start += n
 
 
-def test_tiles_hold_consecutive_requests_pages_and_stop_at_a_request_without_tq3(prefill):
+@pytest.mark.parametrize("tile_pages,tiles", [
+    (1, [((0, 7), [4], None), ((0, 7), [1], None), ((7, 10), [5], None), ((7, 10), [0], None), ((7, 10), [3], None),
+         ((15, 19), [2], None)]),
+    (3, [((0, 10), [4, 1, 5], None), ((7, 19), [0, 3, 2], [True] * 3 + [False] * 5 + [True] * 4)]),
+    (6, [((0, 19), [4, 1, 5, 0, 3, 2], [True] * 10 + [False] * 5 + [True] * 4)]),
+])
+def test_tiles_hold_the_batchs_tq3_pages_in_request_order(prefill, tile_pages, tiles):
     # A (rows 0-6): hot sink, TQ3 pages 4, 1, hot tail; B (rows 7-9): TQ3 pages 5, 0, 3; C (rows 10-14):
-    # a fresh prompt; D (rows 15-18): TQ3 page 2. Tiles of 3 pages: A's two and B's first, B's other
-    # two, then D's alone: C's rows lie between B and D and read no tile.
+    # a fresh prompt; D (rows 15-18): TQ3 page 2. A tile takes pages in request order up to its size
+    # (a request continues in the next); C's rows inside a tile read no keys there and are masked out.
     prefill, dev = prefill
     g, layout, rot, cb, k8, v8, tq3 = _setup(5)
     reqs = [
@@ -221,7 +232,7 @@ def test_tiles_hold_consecutive_requests_pages_and_stop_at_a_request_without_tq3
     new_slots = torch.tensor([s for r in reqs for s in r["new"]])
     k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
     v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
-    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=3 * PS)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=tile_pages * PS)
     if dev.type != "cuda":
         w._dequant = _CodecTiles(layout, cb, rot)
     segs = (prefill.Tq3Segment(0, 7, torch.tensor([4, 1], device=dev)),
@@ -230,13 +241,19 @@ def test_tiles_hold_consecutive_requests_pages_and_stop_at_a_request_without_tq3
     w.plan(torch.tensor([0, 7, 10, 15, 19], dtype=torch.int32), torch.tensor([0, 21, 21, 21, 21], dtype=torch.int32),
            torch.tensor(reqs[0]["hot"], dtype=torch.int32, device=dev), torch.tensor([True] * 7 + [False] * 12, device=dev),
            segs)
-    assert [(t.rows, t.pages.tolist()) for t in w._tq3_tiles] == [
-        (slice(0, 10), [4, 1, 5]), (slice(7, 10), [0, 3]), (slice(15, 19), [2])]
+    got_tiles = [((t.rows.start, t.rows.stop), t.pages.tolist(), None if t.mask is None else t.mask.tolist())
+                 for t in w._tq3_tiles]
+    assert got_tiles == tiles
     hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
     rot_dev = LayerRotation(H, D, layer_id=3, device=dev)
     got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot_dev, k_scale=K_SCALE, v_scale=V_SCALE)
     assert not got.isnan().any()
     _check_against_the_torch_reference(got.cpu(), q, reqs, k8, v8, tq3, layout, cb, rot)
+    # the next step's plan, fewer tiles: each wrapper kept, the tiles re-planned
+    wrappers = list(w._tile_wrappers)
+    w.plan(torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32),
+           torch.zeros(0, dtype=torch.int32, device=dev), None, (prefill.Tq3Segment(0, 4, torch.tensor([2], device=dev)),))
+    assert w._tile_wrappers == wrappers and [t.pages.tolist() for t in w._tq3_tiles] == [[2]]
 
 
 def test_no_prefix_and_no_tq3_is_the_causal_part_alone(prefill):
