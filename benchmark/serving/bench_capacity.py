@@ -84,6 +84,8 @@ class ArmResult:
     """Output tokens as the client got them back: 0 when the server rejected every request (an input
     longer than the arm's capacity), although bench_serving counts those requests as completed."""
     minima: dict = field(default_factory=dict)
+    kv: str = ""
+    """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
     """/server_info's Minima section after the round (counters cumulative since the server started)."""
     counters: dict = field(default_factory=dict)
     """Minima's counters over this round alone (``COUNTERS``)."""
@@ -129,6 +131,20 @@ def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server
         return 2 * geometry["num_kv_heads"] * geometry["head_dim"] * (1 if fp8 else dtype_bytes) * geometry["num_layers"]
     config = parse_minima_argv(split_minima_argv(flags)[0])
     return minima_cell_size(config, page_size=page_size, model_dtype_bytes=dtype_bytes, **geometry)
+
+
+def kv_format(arm: Arm, dtype: str, server_args: list[str] = ()) -> str:
+    """What an arm keeps its KV in, for the table: SGLang's cache dtype, or Minima's tiers with the
+    Stale key width (bytes per token depend on it: 3-bit figures and 4-bit ones are not alike)."""
+    flags = [*arm.flags, *server_args]
+    if arm.module != "sglang_minima.launch_server":
+        kv = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--kv-cache-dtype"]
+        return kv[-1] if kv else dtype
+    config = parse_minima_argv(split_minima_argv(flags)[0])
+    hot = "fp8" if config.hot_dtype != "auto" else dtype
+    if config.disable_stale:
+        return f"{hot} only"
+    return f"{hot} {config.fp8_page_fraction:.0%} + TQ3 k{config.key_bits}"
 
 
 def arms(device: str, lean_fraction: float) -> dict[str, Arm]:
@@ -256,7 +272,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
-                decode_rows=rows, decode_step_ms=step_ms,
+                decode_rows=rows, decode_step_ms=step_ms, kv=kv_format(arm, args.dtype, args.server_args),
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters,
             ))
@@ -273,10 +289,10 @@ def render(results: list[ArmResult]) -> str:
     """One row per round and arm; "x base" is the ratio to the round's baseline arm (BASELINES),
     "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
-        "| clients | prompts | arm | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
+        "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows "
         "| converted | TQ3 page reads | fallbacks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -284,7 +300,7 @@ def render(results: list[ArmResult]) -> str:
         c = r.counters
         arm = r.arm + (" (no output: every request rejected)" if r.output_tokens_retokenized == 0 else "")
         lines.append(
-            f"| {r.clients} | {r.num_prompts} | {arm} | {r.bytes_per_token:,.0f} | {r.max_total_tokens:,} "
+            f"| {r.clients} | {r.num_prompts} | {arm} | {r.kv or '?'} | {r.bytes_per_token:,.0f} | {r.max_total_tokens:,} "
             f"| {_ratio(r.max_total_tokens, base.max_total_tokens)} | {r.peak_running_requests} | {r.peak_queued_requests} "
             f"| {r.output_throughput:,.1f} | {_ratio(r.output_throughput, base.output_throughput)} "
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "

@@ -52,7 +52,9 @@ table = bc.render([result("sglang-fp8", 1000, 100.0, 40.0), result("minima", 182
 log = "\n".join(f"[t] Decode batch, #running-req: {n}, #token: 9, token usage: 0.9, cuda graph: True, "
                 f"gen throughput (token/s): {tput}, #queue-req: 0" for n, tput in ((8, 600.0), (16, 800.0), (16, 944.0), (16, 1.5)))
 log += "\n[t] Decode batch [1234], #running-req: 4, #token: 9, gen throughput (token/s): 400.0, #queue-req: 0"
-print(json.dumps({"override": override, "page_size_refused": page_size_refused,
+kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
+kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
+print(json.dumps({"kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
                   "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
                   "rounds": rounds, "mismatch": mismatch, "table": table}))
@@ -82,12 +84,18 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert "--num-prompts gives 1 rounds, --max-concurrency 2" in got["mismatch"]
     rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in got["table"].splitlines()[2:]}
     minima = rows["minima"]
-    assert minima[6] == "1.82"  # admitted tokens vs the FP8 baseline
-    assert minima[10] == "1.50"  # output throughput vs the baseline
-    assert minima[14] == "1.25"  # baseline TPOT / Minima's: > 1 is faster
+    assert minima[4] == "?"  # a result without its KV format (older JSON): said so, not guessed
+    assert minima[7] == "1.82"  # admitted tokens vs the FP8 baseline
+    assert minima[11] == "1.50"  # output throughput vs the baseline
+    assert minima[15] == "1.25"  # baseline TPOT / Minima's: > 1 is faster
     assert "minima-lean (no output: every request rejected)" in rows
     zero = rows["minima-fp8 (no output: every request rejected)"]  # a TPOT of 0: no ratio, no crash
-    assert zero[14] == "-" and zero[10] == "0.00"
+    assert zero[15] == "-" and zero[11] == "0.00"
+    # the KV column: SGLang's cache dtype, Minima's tiers with the Stale key width (its bytes depend on it)
+    assert got["kv"]["sglang-fp8"] == "fp8_e4m3" and got["kv"]["sglang"] == "bfloat16"
+    assert got["kv"]["minima-fp8"] == "fp8 only"
+    assert got["kv"]["minima"] == "fp8 25% + TQ3 k4" and got["kv"]["minima k3"] == "fp8 25% + TQ3 k3"
+    assert got["kv"]["minima-lean"] == "fp8 10% + TQ3 k4"
     # flags given to every arm count in its budget: the server reads them after the arm's own
     assert got["override"]["minima"] == per["minima-fp8"] and got["override"]["sglang"] == per["sglang-fp8"]
     assert "--page-size" in got["page_size_refused"]
