@@ -39,7 +39,7 @@ import torch
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
-from sglang_minima.layers.attention.plan import to_device
+from sglang_minima.ops.host_copy import to_device
 from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend, to_device
+from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
+from sglang_minima.ops.host_copy import to_device
 from sglang_minima.layers.attention.plan import plan_batch
 from sglang_minima.mem_cache.device_routes import DeviceRouteCounter
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, PageTable

@@ -1,4 +1,5 @@
-"""Reference attention ops (torch, tensors in, (out, base-2 LSE) out). No sglang import."""
+"""Reference attention ops (torch, tensors in, (out, base-2 LSE) out), and the small device helpers
+the planners and kernels share (scratch accounting, host_copy). No sglang import."""
 
 from .dense import attend, causal_mask
 from .merge import merge_attention_states

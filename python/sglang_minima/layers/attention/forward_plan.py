@@ -33,9 +33,9 @@ from sglang_minima.layers.attention.plan import (
     check_tq3_before_queries,
     host_indptr,
     prefix_row_mask,
-    to_device,
 )
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.ops.host_copy import to_device
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,11 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend, to_device
+from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
 from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
 from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_batch
 from sglang_minima.ops import scratch
+from sglang_minima.ops.host_copy import to_device
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.ops.host_copy import to_device
 
 
 @dataclass(frozen=True)
@@ -283,12 +284,3 @@ def prefix_row_mask(prefix_lens: Sequence[int], q_lens: Sequence[int], device: t
         return None
     return to_device([n > 0 for n, q in zip(prefix_lens, q_lens) for _ in range(q)], torch.bool, device)
 
-
-def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on ``device`` without a stream sync: through pinned memory, copied asynchronously
-    on CUDA (a pageable copy waits for the stream; the caching host allocator keeps the pinned
-    buffer until the copy is done)."""
-    host = torch.tensor(list(values), dtype=dtype)
-    if torch.device(device).type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
