@@ -26,6 +26,8 @@ test/minima_test_support/dummy_models.py (e.g. ``llama3-8b-class``, served with 
   # the H200 (device harness): long context at equal KV bytes, non-binding then capacity-bound
   python3 benchmark/serving/bench_capacity.py --model llama3-8b-class --dataset random --input-len 32768 \\
       --output-len 256 --budget-mib 20480 --max-concurrency 8,24 --arms sglang-fp8,minima-fp8,minima --out $OUT
+  # the canary (issue #16 b): 2 x 59,008-token prompts on Qwen3.6's geometry, both at once
+  python3 benchmark/serving/bench_capacity.py --canary --arms sglang-fp8,minima-fp8,minima --out $OUT --name canary
 """
 
 from __future__ import annotations
@@ -264,6 +266,8 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 now = {k: f(minima["stats"]) for k, f in COUNTERS.items()}
                 counters = {k: v - (before or {}).get(k, 0) for k, v in now.items()}
                 before = now
+                # the most decoded TQ3 (tiles, staging) alive at once so far: bounded, never a dense copy
+                counters["peak_scratch_mib"] = round(minima["stats"]["peak_scratch_bytes"] / 2**20, 1)
             results.append(ArmResult(
                 arm=arm.name, clients=clients, num_prompts=num_prompts, bytes_per_token=per_token,
                 max_total_tokens=state.get("max_total_num_tokens", tokens),
@@ -291,8 +295,8 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows "
-        "| converted | TQ3 page reads | fallbacks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| converted | TQ3 page reads | fallbacks | peak scratch MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -306,8 +310,17 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
             f"| {f'{r.decode_step_ms} @ {r.decode_rows}' if r.decode_rows else '-'} | {c.get('converted', '-')} "
-            f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} |")
+            f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')} |")
     return "\n".join(lines)
+
+
+def canary_preset(args) -> None:
+    """``--canary``'s workload on ``args``: issue #16's (b), the paper's canary."""
+    args.model, args.dataset, args.input_len, args.output_len = "qwen3.6-27b-class", "random", 59008, 128
+    args.max_concurrency = args.num_prompts = "2"
+    args.max_running_requests, args.budget_mib = 2, 4096.0
+    if "--context-length" not in args.server_args:  # the prompt, its output and a page of slack each side
+        args.server_args = [*args.server_args, "--context-length", str(59008 + 128 + 2 * args.page_size)]
 
 
 def main() -> None:
@@ -333,7 +346,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=serve_arms.ROOT / "docs" / "results")
     ap.add_argument("--name", default="serving", help="the results' file name: <out>/<name>.json and .md")
     ap.add_argument("--from-json", type=Path, help="re-render the table of an earlier run's JSON")
+    ap.add_argument("--canary", action="store_true",
+                    help="issue #16's canary (b): Qwen3.6's geometry (random weights), 2 requests x 59,008 prompt "
+                         "tokens, 128 out, both at once, a budget both fit in as FP8 (4 GiB); sets those flags")
     args = ap.parse_args()
+    if args.canary:
+        canary_preset(args)
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         print(render([ArmResult(**r) for r in saved["results"]]))
