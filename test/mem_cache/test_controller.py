@@ -1,10 +1,15 @@
 """LifecycleController: tiers, the per-step tick and the pressure path."""
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.controller import LifecycleController
-from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
+from sglang_minima.mem_cache.page_table import (
+    FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE, PageTable,
+)
 from store_helpers import PS, make_store, random_kv, write_tokens
 
 
@@ -24,6 +29,23 @@ def test_classify_recent_sink_budget_and_shared_pages():
     a = torch.tensor([1, 2, 3, 4, 5, 6])
     b = torch.tensor([1, 2, 9])  # shares the first two pages with a
     tiers = ctl.classify([a, b])
+    assert tiers[a].tolist() == [TIER_ANCHOR, TIER_RECENT, TIER_STALE, TIER_ANCHOR, TIER_RECENT, TIER_RECENT]
+    assert tiers[9] == TIER_RECENT and tiers[7] == TIER_NONE
+
+
+@pytest.mark.gpu
+def test_classify_waits_for_nothing_on_cuda():
+    # the tiers of live pages from host lengths and fixed-shape ops: no device read (the tick's
+    # first device op would otherwise wait for the forward in flight)
+    ctl = LifecycleController(SimpleNamespace(page_table=PageTable(20, PS, device="cuda")),
+                              MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=1))
+    a, b = torch.tensor([1, 2, 3, 4, 5, 6], device="cuda"), torch.tensor([1, 2, 9], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tiers = ctl.classify([a, b])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     assert tiers[a].tolist() == [TIER_ANCHOR, TIER_RECENT, TIER_STALE, TIER_ANCHOR, TIER_RECENT, TIER_RECENT]
     assert tiers[9] == TIER_RECENT and tiers[7] == TIER_NONE
 

@@ -24,6 +24,7 @@ import torch
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
 from sglang_minima.mem_cache.tier_store import TieredPageStore
+from sglang_minima.ops.host_copy import to_device
 
 _TIER_STRIDE = 1 << 40  # sort key tier * stride + birth step: tiers first, then age
 
@@ -59,13 +60,16 @@ class LifecycleController:
             return labels
         device = pt.tier.device
         pages = torch.cat([s.to(device=device, dtype=torch.int64) for s in sequences])
-        lens = torch.tensor([s.numel() for s in sequences], device=device)
+        # the lengths are host facts: no wait for the device (a pageable copy, or an output size
+        # repeat_interleave would have to read)
+        lens = to_device([s.numel() for s in sequences], torch.int64, device)
         starts = torch.cumsum(lens, 0) - lens
-        seq_id = torch.repeat_interleave(torch.arange(len(sequences), device=device), lens)
+        seq_id = torch.repeat_interleave(torch.arange(len(sequences), device=device), lens, output_size=pages.numel())
         idx = torch.arange(pages.numel(), device=device) - starts[seq_id]
         p = self.config
         recent = idx >= lens[seq_id] - p.recent_pages
-        shared = torch.bincount(pages, minlength=pt.tier.numel())[pages] > 1
+        holders = torch.zeros(pt.tier.numel(), dtype=torch.int32, device=device)  # (bincount reads its max)
+        shared = holders.index_add_(0, pages, torch.ones_like(pages, dtype=torch.int32))[pages] > 1
         anchor = (idx < p.sink_pages) | shared
         tier = torch.where(recent, TIER_RECENT, torch.where(anchor, TIER_ANCHOR, TIER_STALE))
         if p.anchor_pages > 0:
