@@ -1,0 +1,82 @@
+"""One arm's paired difference against its reference, pooled over replicate NIAH runs, from committed
+answers (benchmark/quality/niah.py): on the examples every run answered for both, each example's
+difference averaged over the runs, then the macro over tasks, with a bootstrap interval that
+resamples examples within each task. Greedy answers differ between calls on a few percent of
+examples; averaging replicates shrinks that noise where one run's interval cannot.
+
+Each ``--run`` is ``DIR:ARM@CHUNK``; the reference is ``--reference`` at the same chunk in the same
+directory (so every difference is paired within its own call).
+
+  python benchmark/quality/pooled_delta.py --reference fp8 --length 1024 \\
+      --run docs/results/quality_h200:minima-nostale@256 --run docs/results/quality_h200_256b:minima-nostale@256 \\
+      --run docs/results/quality_h200_256c:minima-k4-recent16@256
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import niah  # noqa: E402
+
+
+def parse_run(spec: str) -> tuple[Path, niah.Run]:
+    directory, _, label = spec.rpartition(":")
+    arm, _, chunk = label.partition("@")
+    if not directory or not arm or not chunk:
+        raise argparse.ArgumentTypeError(f"--run {spec!r}: give DIR:ARM@CHUNK, e.g. docs/results/quality_h200:minima@256")
+    return Path(directory), niah.Run(arm, chunk)
+
+
+def paired(directory: Path, run: niah.Run, reference: str, length: int | None) -> dict[str, tuple[str, float]]:
+    """Example key -> (task, arm score - reference score) over the examples both answered."""
+    got = niah.load_answers(directory, run)
+    ref = niah.load_answers(directory, niah.Run(reference, run.chunk))
+    return {k: (r["task"], r["score"] - ref[k]["score"]) for k, r in got.items()
+            if k in ref and (length is None or r["length"] == length)}
+
+
+def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
+    """The macro (mean over tasks) of the per-example differences averaged over ``runs``, on the
+    examples in every run, with its bootstrap 95% interval; and each run's own macro there."""
+    keys = sorted(set.intersection(*(set(r) for r in runs)))
+    if not keys:
+        raise SystemExit("no example is in every run")
+    tasks = sorted({runs[0][k][0] for k in keys})
+    by_task = {t: np.array([np.mean([r[k][1] for r in runs]) for k in keys if runs[0][k][0] == t]) for t in tasks}
+    rng = np.random.default_rng(seed)
+    boot = np.zeros(resamples)
+    for d in by_task.values():
+        boot += d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
+    boot /= len(tasks)
+
+    def macro(run: dict) -> float:
+        return float(np.mean([np.mean([run[k][1] for k in keys if run[k][0] == t]) for t in tasks]))
+
+    return {"examples": len(keys), "tasks": len(tasks), "per_run": [macro(r) for r in runs],
+            "pooled": float(np.mean([d.mean() for d in by_task.values()])),
+            "ci95": (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=parse_run, action="append", required=True, metavar="DIR:ARM@CHUNK")
+    ap.add_argument("--reference", default="fp8")
+    ap.add_argument("--length", type=int, help="only examples of this RULER length")
+    ap.add_argument("--bootstrap", type=int, default=5000)
+    args = ap.parse_args()
+    runs = [paired(d, run, args.reference, args.length) for d, run in args.run]
+    r = pooled(runs, args.bootstrap)
+    print(f"{r['examples']} examples in all {len(runs)} runs ({r['tasks']} tasks); macro Δ vs {args.reference}:")
+    for (d, run), m in zip(args.run, r["per_run"]):
+        print(f"  {d}:{run.label}: {m:+.2f}")
+    print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
+
+
+if __name__ == "__main__":
+    main()

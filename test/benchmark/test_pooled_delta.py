@@ -1,0 +1,46 @@
+"""benchmark/quality/pooled_delta.py: replicate runs' paired differences pooled per example."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "quality"))
+
+import pooled_delta  # noqa: E402
+
+
+def _answers(directory: Path, label: str, scores: dict[tuple[str, int, int], float]) -> None:
+    (directory / "answers").mkdir(parents=True, exist_ok=True)
+    rows = [{"key": f"{t}/{n}/{i}", "task": t, "length": n, "index": i, "score": s, "routes": None}
+            for (t, n, i), s in scores.items()]
+    (directory / "answers" / f"{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_replicates_pool_per_example_on_the_examples_every_run_answered(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    keys = [(t, 1024, i) for t in ("niah_single_1", "niah_multikey_1") for i in range(2)]
+    _answers(a, "fp8@256", dict.fromkeys(keys, 100.0) | {("niah_single_1", 2048, 0): 100.0})
+    _answers(b, "fp8@256", dict.fromkeys(keys, 100.0))
+    # run a: single_1 loses 100 on example 0; run b: multikey_1 loses 100 on example 1, and b never
+    # answered single_1/1024/1 (so that example is in no pooled figure); a's 2K example is filtered out
+    _answers(a, "minima@256", dict.fromkeys(keys, 100.0) | {("niah_single_1", 1024, 0): 0.0, ("niah_single_1", 2048, 0): 0.0})
+    _answers(b, "minima@256", {k: (0.0 if k == ("niah_multikey_1", 1024, 1) else 100.0) for k in keys
+                               if k != ("niah_single_1", 1024, 1)})
+    runs = [pooled_delta.paired(d, pooled_delta.niah.Run("minima", "256"), "fp8", 1024) for d in (a, b)]
+    r = pooled_delta.pooled(runs, resamples=500)
+    assert r["examples"] == 3 and r["tasks"] == 2
+    # single_1: example 0 is -100 in a, 0 in b -> -50; multikey_1: examples 0, 1 -> 0 and -50 -> -25
+    assert r["pooled"] == pytest.approx((-50 + -25) / 2)
+    assert r["per_run"] == [pytest.approx(-50.0), pytest.approx(-25.0)]  # a: (-100 + 0) / 2; b: (0 - 50) / 2
+    lo, hi = r["ci95"]
+    assert lo <= r["pooled"] <= hi and lo < hi
+
+
+def test_a_run_is_dir_arm_and_chunk():
+    directory, run = pooled_delta.parse_run("docs/results/x:minima-k4@256")
+    assert directory == Path("docs/results/x") and (run.arm, run.chunk) == ("minima-k4", "256")
+    with pytest.raises(argparse.ArgumentTypeError, match="DIR:ARM@CHUNK"):
+        pooled_delta.parse_run("minima-k4@256")
