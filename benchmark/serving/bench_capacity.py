@@ -86,11 +86,13 @@ class ArmResult:
     """Output tokens as the client got them back: 0 when the server rejected every request (an input
     longer than the arm's capacity), although bench_serving counts those requests as completed."""
     minima: dict = field(default_factory=dict)
-    kv: str = ""
-    """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
     """/server_info's Minima section after the round (counters cumulative since the server started)."""
     counters: dict = field(default_factory=dict)
-    """Minima's counters over this round alone (``COUNTERS``)."""
+    """Minima's counters over this round alone (``COUNTERS``), and ``peak_scratch_mib``: the most
+    scratch alive at once since the server started (prefill tiles and conversion staging; the decode
+    kernels' split buffers are not counted)."""
+    kv: str = ""
+    """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
 
 
 COUNTERS = {
@@ -295,7 +297,7 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows "
-        "| converted | TQ3 page reads | fallbacks | peak scratch MiB |",
+        "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")
     ap.add_argument("--from-traces", type=Path, metavar="DIR",
                     help="no servers: summarize the traces a run left in DIR (<arm>-trace/, e.g. of a run whose "
-                         "call ended before it summarized its last arm), --arms in that order")
+                         "call ended before it summarized its last arm), --arms in that order; repeat the run's "
+                         "--steps and workload flags (per-step figures and the header use them) and its device "
+                         "(MINIMA_E2E_DEVICE: the arms' flags); the date is the newest of these arms' traces")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             results.append(profile_arm(name, args, args.work))
         # written after every arm: a run cut short (a device call's limit) keeps the arms it profiled
-        when = max(f.stat().st_mtime for f in args.from_traces.glob("*-trace/*.gz")) if args.from_traces else None
+        when = max(f.stat().st_mtime for r in results for f in (args.from_traces / f"{r['arm']}-trace").glob("*.gz")) \
+            if args.from_traces else None
         out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)), "device": e2e_device(),
                "args": {k: str(v) for k, v in vars(args).items()}, "results": results}
         args.out.write_text(json.dumps(out, indent=1))

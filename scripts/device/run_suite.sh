@@ -40,7 +40,12 @@ warm_smollm2() {  # SmolLM2's serving kernels, before its servers start (each wo
   timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 "$@" > "$WORK/warm.log" 2>&1
 }
 need_ruler_generator() {  # RULER's generator: a wheel of .devbundle/extras, stashed by `harness.sh install`
-  ls "$SGLANG_MINIMA_WHEELHOUSE"/nvidia_long_context_eval-*.whl > /dev/null 2>&1 && return 0
+  if ls "$SGLANG_MINIMA_WHEELHOUSE"/nvidia_long_context_eval-*.whl > /dev/null 2>&1; then
+    # unpacked once here: arms side by side would each unpack it into the same folder at once
+    python3 -c "import sys; sys.path.insert(0, 'benchmark/quality'); import ruler_data as r; r.ensure_generator(r.default_cache_dir())" \
+      > "$WORK/generator.log" 2>&1 && return 0
+    tail -5 "$WORK/generator.log" >&2; exit 3
+  fi
   echo "run_suite $phase: no RULER examples and no generator: carry [\".devbundle/ruler\"] (niah), or run" \
     "\`harness.sh install\` carrying [\".devbundle/extras\"] (the generator, once per machine), then this again" >&2
   exit 3
@@ -160,9 +165,9 @@ ppl)
   # windows + generation inside SmolLM2's 8,192-token window; 256-token chunks read the window's own Stale pages
   pargs=${PPL_ARGS:---windows 32 --window 7168 --chunked-prefill-size 256 --generate-tokens 512 --max-total-tokens 32768}
   warm_smollm2 --key-bits 3,4
-  left=$((budget - (SECONDS - t0))); i=0
+  left=$((budget - (SECONDS - t0) - 20)); [ "$left" -ge 60 ] || left=60; i=0  # (20 s for the report and the copies)
   for arm in ${arms//,/ }; do  # one process and server per arm, side by side; records are kept per window
-    timeout -s INT "$((left - 20))" python3 benchmark/quality/perplexity.py --out "$WORK/ppl" --arms "$arm" \
+    timeout -s INT "$left" python3 benchmark/quality/perplexity.py --out "$WORK/ppl" --arms "$arm" \
       --reference "$arm" --port $((32400 + 20 * i)) $pargs > "$WORK/ppl_$arm.log" 2>&1 &
     i=$((i + 1))
   done

@@ -101,7 +101,7 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert got["kv"]["minima"] == "fp8 25% + TQ3 k4" and got["kv"]["minima k3"] == "fp8 25% + TQ3 k3"
     assert got["kv"]["minima-lean"] == "fp8 10% + TQ3 k4"
     # the last column: the most decoded TQ3 alive at once (a bounded tile, not a dense copy of the cache)
-    assert got["scratch"].splitlines()[0].endswith("| peak scratch MiB |")
+    assert got["scratch"].splitlines()[0].endswith("| peak scratch MiB since start |")
     assert got["scratch"].splitlines()[2].endswith("| 64.0 |") and rows["minima"][-2] == "-"
     # --canary: #16's (b) workload, the context room for the prompt and its output, other flags kept
     c = got["canary"]

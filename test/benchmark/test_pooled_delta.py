@@ -37,6 +37,10 @@ def test_replicates_pool_per_example_on_the_examples_every_run_answered(tmp_path
     assert r["per_run"] == [pytest.approx(-50.0), pytest.approx(-25.0)]  # a: (-100 + 0) / 2; b: (0 - 50) / 2
     lo, hi = r["ci95"]
     assert lo <= r["pooled"] <= hi and lo < hi
+    # without the length filter, run a's 2K example (-100) is a cell of its own in run a
+    assert pooled_delta.paired(a, pooled_delta.niah.Run("minima", "256"), "fp8", None)["niah_single_1/2048/0"] == (
+        "niah_single_1", -100.0)
+    assert "niah_single_1/2048/0" not in runs[0]
 
 
 def test_a_run_is_dir_arm_and_chunk():

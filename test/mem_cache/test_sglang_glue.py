@@ -341,12 +341,14 @@ def test_conversion_fault_under_pressure_refuses_the_allocation_without_leaking(
 
 
 def test_live_sequences_are_each_requests_pages_from_one_gather():
-    # req_to_token rows in scrambled logical slots: request A 3 pages and a partial one, B exactly 2
-    # pages, C one token, D a whole row (its last page at the row's end); the rows' tails hold stale
-    # slots of earlier requests, which no sequence may include
+    # req_to_token rows in scrambled logical slots, 4 slots wider than 8 pages (SGLang's rows are the
+    # context length + 4): request A 3 pages and a partial one, B exactly 2 pages, C one token, D a
+    # whole row (its last page partial, at the row's end); the rows' tails hold stale slots of
+    # earlier requests, which no sequence may include
     g = torch.Generator().manual_seed(3)
-    req_to_token = (torch.randperm(40 * PS, generator=g).view(5, 8 * PS) + PS).to(torch.int32)
-    lens = {1: 3 * PS + 5, 2: 2 * PS, 4: 1, 3: 8 * PS}
+    width = 8 * PS + 4
+    req_to_token = (torch.randperm(5 * width, generator=g).view(5, width) + PS).to(torch.int32)
+    lens = {1: 3 * PS + 5, 2: 2 * PS, 4: 1, 3: width}
     live = [SimpleNamespace(kv=SimpleNamespace(req_pool_idx=row, kv_allocated_len=n), origin_input_ids=[0] * (2 * PS))
             for row, n in lens.items()]
     cache = SimpleNamespace(page_size=PS, req_to_token_pool=SimpleNamespace(req_to_token=req_to_token))
