@@ -320,16 +320,18 @@ def render(results: list[ArmResult]) -> str:
     return "\n".join(lines)
 
 
-def canary_preset(args) -> None:
-    """``--canary``'s workload on ``args``: issue #16's (b), the paper's canary."""
-    args.model, args.dataset, args.input_len, args.output_len = "qwen3.6-27b-class", "random", 59008, 128
-    args.max_concurrency = args.num_prompts = "2"
-    args.max_running_requests, args.budget_mib = 2, 4096.0
-    if "--context-length" not in args.server_args:  # the prompt, its output and a page of slack each side
-        args.server_args = [*args.server_args, "--context-length", str(59008 + 128 + 2 * args.page_size)]
+CANARY = dict(model="qwen3.6-27b-class", dataset="random", input_len=59008, output_len=128, max_concurrency="2",
+              num_prompts="2", max_running_requests=2, budget_mib=4096.0)
+"""``--canary``'s workload, issue #16's (b): defaults, so a flag given beside it still wins."""
 
 
-def main() -> None:
+def canary_context(args) -> None:
+    """The canary's --context-length unless one is given: the prompt, its output and a page of slack each side."""
+    if not any(a.split("=")[0] == "--context-length" for a in args.server_args):
+        args.server_args = [*args.server_args, "--context-length", str(args.input_len + args.output_len + 2 * args.page_size)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-mib", type=float, default=96.0, help="KV bytes given to every arm")
     ap.add_argument("--model", help="model directory or a dummy geometry (default: the embedded SmolLM2)")
@@ -354,10 +356,17 @@ def main() -> None:
     ap.add_argument("--from-json", type=Path, help="re-render the table of an earlier run's JSON")
     ap.add_argument("--canary", action="store_true",
                     help="issue #16's canary (b): Qwen3.6's geometry (random weights), 2 requests x 59,008 prompt "
-                         "tokens, 128 out, both at once, a budget both fit in as FP8 (4 GiB); sets those flags")
-    args = ap.parse_args()
+                         "tokens, 128 out, both at once, a budget both fit in as FP8 (4 GiB): defaults that flags beside it override")
+    if ap.parse_known_args(argv)[0].canary:
+        ap.set_defaults(**CANARY)
+    args = ap.parse_args(argv)
     if args.canary:
-        canary_preset(args)
+        canary_context(args)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         print(render([ArmResult(**r) for r in saved["results"]]))
@@ -366,7 +375,7 @@ def main() -> None:
     names = args.arms.split(",")
     unknown = [n for n in names if n not in known]
     if unknown:
-        ap.error(f"--arms: unknown {unknown} on {e2e_device()}; choose from {sorted(known)}")
+        raise SystemExit(f"bench_capacity.py: --arms: unknown {unknown} on {e2e_device()}; choose from {sorted(known)}")
     rounds(args)  # a bad --num-prompts / --max-concurrency pair fails before any server starts
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir, model_flags = resolve_model(args.model, args.work)
