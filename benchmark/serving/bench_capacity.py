@@ -206,8 +206,10 @@ def workload_args(args, clients: int, num_prompts: int) -> list[str]:
                 "--gsp-system-prompt-len", str(args.system_prompt_len),
                 "--gsp-question-len", str(args.question_len), "--gsp-output-len", str(args.output_len),
                 "--num-prompts", str(num_prompts), "--max-concurrency", str(clients)]
+    # token ids, not their text: a random-ids prompt decoded and re-tokenized by the server grows (59,008
+    # ids became 62,009 tokens on Qwen3.6's tokenizer and the canary's requests were refused, 2026-12-03)
     return ["--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
+            "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0", "--tokenize-prompt",
             "--num-prompts", str(num_prompts), "--max-concurrency", str(clients)]
 
 

@@ -9,7 +9,11 @@ the route counters; ``minima.kernel_plan``: the wrappers' plan; ``minima.decode_
 kernels' launches, all layers; ``minima.prefill_kernels``: an extend's attention, all layers, of
 which ``minima.prefill_tq3`` its TQ3 prefix tiles; ``minima.kv_write``: the new tokens' FP8 writes;
 ``minima.lifecycle``: conversions and promotions between steps), host ops (inclusive: an op's time
-contains its callees') and GPU kernels by total time, and the window's wall time per step.
+contains its callees') and GPU kernels by total time, and the window's wall time per step. Beside
+them, unprofiled: the throughput the server logged before the profile began (SGLang's "Prefill
+batch ... input throughput" of its full prefill batches and "Decode batch ... gen throughput" at
+its most running requests, the first five of each dropped as warm-up; median and quartiles), the
+figure an arm's ratio is taken from (the profiler's overhead grows with the launches it records).
 JSON + markdown.
 
   python3 benchmark/serving/profile_decode.py --arms minima,sglang-fp8-eager --out $OUT/profile.json
@@ -34,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU)
 from serve_arms import arms, e2e_device, launch, resolve_model  # noqa: E402
-from trace_summary import SCOPES, summarize_trace  # noqa: E402
+from trace_summary import SCOPES, WARM_UP, log_throughput, summarize_trace  # noqa: E402
 
 
 def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
@@ -91,7 +95,9 @@ def profile_arm(name: str, args, work: Path) -> dict:
         }, timeout=600)
         r.raise_for_status()
         summary = summarize_trace(_read_trace(trace_dir, timeout_s=600), args.steps)
-        return {"arm": name, "flags": arm.flags, "startup_s": round(server.startup_s, 1), **summary}
+        logged = log_throughput(server.log_path.read_text(errors="replace"))
+        return {"arm": name, "flags": arm.flags, "startup_s": round(server.startup_s, 1), **summary,
+                "log_throughput": logged}
     finally:
         stop.set()
         server.stop()
@@ -108,6 +114,23 @@ def render(results: list[dict], args) -> str:
         s = r["scopes_ms_per_step"]
         lines.append(f"| {r['arm']} | {r['wall_ms_per_step']} | {r['gpu_ms_per_step']} | "
                      + " | ".join(f"{s[k]:.3f}" for k in SCOPES) + " |")
+    logged = [r for r in results if r.get("log_throughput")]
+    if logged:
+        lines += ["", "Unprofiled, from each server's log before its profile (full batches, first "
+                  f"{WARM_UP} dropped; tokens/s, median [quartiles]; x = against the first arm):", "",
+                  "| arm | prefill batches | prefill tok/s | x | decode batches | decode tok/s | x |",
+                  "|---|---|---|---|---|---|---|"]
+        base = logged[0]["log_throughput"]
+
+        def cells(r: dict, kind: str) -> str:
+            got = r["log_throughput"].get(kind)
+            if not got:
+                return "- | - | -"
+            ratio = f"{got['median'] / base[kind]['median']:.2f}" if kind in base else "-"
+            return (f"{got['batches']} x {got['size']} | {got['median']:,.0f} [{got['q1']:,.0f}-{got['q3']:,.0f}] "
+                    f"| {ratio}")
+
+        lines += [f"| {r['arm']} | {cells(r, 'prefill')} | {cells(r, 'decode')} |" for r in logged]
     for r in results:
         lines += ["", f"### {r['arm']}: top host ops (ms per step)", ""]
         lines += [f"- {k}: {v}" for k, v in r["top_host_ops_ms_per_step"].items()]
@@ -146,7 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
     for name in tqdm(args.arms.split(","), desc="arms"):
         if args.from_traces:
             trace = summarize_trace(_read_trace(args.from_traces / f"{name}-trace", timeout_s=0), args.steps)
-            results.append({"arm": name, "flags": arms(e2e_device())[name].flags, **trace})
+            log = args.from_traces / f"{name}.log"  # the run's server log, where it was kept beside the traces
+            logged = log_throughput(log.read_text(errors="replace")) if log.exists() else {}
+            results.append({"arm": name, "flags": arms(e2e_device())[name].flags, **trace, "log_throughput": logged})
         else:
             results.append(profile_arm(name, args, args.work))
         # written after every arm: a run cut short (a device call's limit) keeps the arms it profiled

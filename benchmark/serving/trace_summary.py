@@ -1,10 +1,12 @@
 """A torch-profiler Chrome trace (what SGLang's /start_profile writes) summed per step: Minima's
 profiler scopes (host time), host ops, CUDA runtime calls (where a host sync waits), GPU kernels and
-the window's wall time. Pure Python:
+the window's wall time; and the throughput the server logged before the profile. Pure Python:
 benchmark/serving/profile_decode.py reads it, test/benchmark tests it."""
 
 from __future__ import annotations
 
+import re
+import statistics
 from collections import defaultdict
 
 SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.prefill_kernels", "minima.prefill_tq3",
@@ -53,3 +55,27 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         "top_gpu_kernels_ms_per_step": per_step(gpu),
         "top_runtime_calls_ms_per_step": per_step(runtime),
     }
+
+
+LOG_LINE = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?, .*?#(new-token|running-req): (\d+),"
+                      r".*(?:input|gen) throughput \(token/s\): ([\d.]+)")
+WARM_UP = 5
+
+
+def log_throughput(log_text: str) -> dict:
+    """The server's logged throughput before its profile: per kind (prefill, decode), the batches at
+    the largest size the log shows (new tokens, running requests) after the first WARM_UP, their
+    median and quartiles in tokens/s. A kind with fewer than 3 such batches is left out."""
+    text = log_text.split("Profiling starts", 1)[0]
+    out = {}
+    for kind in ("Prefill", "Decode"):
+        rows = [(int(m[3]), float(m[4])) for m in LOG_LINE.finditer(text) if m[1] == kind]
+        if not rows:
+            continue
+        size = max(n for n, _ in rows)
+        xs = [t for n, t in rows if n == size][WARM_UP:]
+        if len(xs) >= 3:
+            q1, median, q3 = statistics.quantiles(xs, n=4)
+            out[kind.lower()] = {"size": size, "batches": len(xs), "median": round(median, 1),
+                                 "q1": round(q1, 1), "q3": round(q3, 1)}
+    return out

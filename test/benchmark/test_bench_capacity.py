@@ -53,11 +53,12 @@ log = "\n".join(f"[t] Decode batch, #running-req: {n}, #token: 9, token usage: 0
                 f"gen throughput (token/s): {tput}, #queue-req: 0" for n, tput in ((8, 600.0), (16, 800.0), (16, 944.0), (16, 1.5)))
 log += "\n[t] Decode batch [1234], #running-req: 4, #token: 9, gen throughput (token/s): 400.0, #queue-req: 0"
 canary = vars(bc.parse_args(["--canary", "--server-args", "--mem-fraction-static", "0.8"]))
+random_args = bc.workload_args(types.SimpleNamespace(dataset="random", input_len=59008, output_len=128), 2, 2)
 canary_flags = vars(bc.parse_args(["--canary", "--output-len", "64", "--server-args", "--context-length=70000"]))
 scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "counters": {"peak_scratch_mib": 64.0}})])
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
-print(json.dumps({"canary": canary, "canary_flags": canary_flags, "scratch": scratch, "kv": kv, "override": override, "page_size_refused": page_size_refused,
+print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
                   "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
                   "rounds": rounds, "mismatch": mismatch, "table": table}, default=str))
@@ -108,6 +109,8 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert (c["max_concurrency"], c["num_prompts"], c["max_running_requests"]) == ("2", "2", 2)
     assert c["server_args"] == ["--mem-fraction-static", "0.8", "--context-length", "59264"]
     assert c["budget_mib"] == 4096.0
+    # random prompts go as token ids: their text re-tokenized grows past the canary's context (the H200, 2026-12-03)
+    assert "--tokenize-prompt" in got["random_args"] and got["random_args"][got["random_args"].index("--random-input-len") + 1] == "59008"
     # a flag beside --canary wins over its preset, in either spelling
     c = got["canary_flags"]
     assert (c["output_len"], c["input_len"], c["server_args"]) == (64, 59008, ["--context-length=70000"])

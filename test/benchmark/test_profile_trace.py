@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
-from trace_summary import summarize_trace  # noqa: E402
+from trace_summary import log_throughput, summarize_trace  # noqa: E402
 
 
 def _ev(name, cat, ts, dur):
@@ -46,6 +46,9 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
         with gzip.open(tmp_path / f"{arm}-trace" / f"{arm}-TP-0.trace.json.gz", "wt") as f:
             json.dump(trace, f)
     (tmp_path / "minima-fp8-trace").mkdir()  # an arm whose trace was never written
+    # the servers' logs beside the traces: the logged throughput comes with the summary
+    (tmp_path / "minima.log").write_text(_log([1000.0] * 5 + [2000.0, 3000.0, 4000.0]))
+    (tmp_path / "sglang-fp8-eager.log").write_text(_log([1000.0] * 5 + [4000.0, 6000.0, 8000.0]))
     script = Path(__file__).resolve().parents[2] / "benchmark" / "serving" / "profile_decode.py"
 
     def run(arms: str, out: str) -> subprocess.CompletedProcess:
@@ -57,6 +60,32 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     out = json.loads((tmp_path / "p.json").read_text())
     assert [r["arm"] for r in out["results"]] == ["sglang-fp8-eager", "minima"]
     assert out["results"][1]["scopes_ms_per_step"]["minima.kv_write"] == 2.0
-    assert "| minima | 2.0 | 0.5 |" in (tmp_path / "p.md").read_text()
+    md = (tmp_path / "p.md").read_text()
+    assert "| minima | 2.0 | 0.5 |" in md
+    assert out["results"][1]["log_throughput"]["prefill"]["median"] == 3000.0
+    assert "| minima | 3 x 256 | 3,000 [2,000-4,000] | 0.50 | - | - | - |" in md  # against the first arm's 6,000
     failed = run("minima-fp8", "q.json")
     assert failed.returncode != 0 and "no complete trace" in failed.stderr
+
+
+def _log(prefill_tok_s: list[float], decode: list[tuple[int, float]] = ()) -> str:
+    """SGLang 0.5.23's scheduler lines: a partial prefill batch, full ones, then decode batches."""
+    lines = ["[t] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
+             "cuda graph: False, input throughput (token/s): 99999.0"]
+    lines += [f"[t] Prefill batch, #new-seq: 2, #new-token: 256, #cached-token: 0, token usage: 0.02, #running-req: 0, "
+              f"#queue-req: 6, #pending-token: 1792, cuda graph: True, input throughput (token/s): {t}" for t in prefill_tok_s]
+    lines += [f"[t] Decode batch [7], #running-req: {n}, #token: 9, token usage: 0.9, cuda graph: True, "
+              f"gen throughput (token/s): {t}, #queue-req: 0" for n, t in decode]
+    return "\n".join(lines) + "\n"
+
+
+def test_logged_throughput_counts_full_batches_before_the_profile():
+    decode = [(8, 100.0)] * 5 + [(8, 300.0), (4, 9999.0), (8, 500.0), (8, 700.0)]
+    log = _log([50.0] * 5 + [10.0, 20.0, 30.0, 40.0], decode)
+    log += "[t] Profiling starts. Traces will be saved to: x\n" + _log([1e6] * 20)  # profiled: left out
+    got = log_throughput(log)
+    # prefill: the 256-token batches, the first five dropped (the 6-token batch is not a full one)
+    assert got["prefill"] == {"size": 256, "batches": 4, "median": 25.0, "q1": 12.5, "q3": 37.5}
+    # decode: at the most running requests (8), first five dropped; the 4-row batch left out
+    assert got["decode"] == {"size": 8, "batches": 3, "median": 500.0, "q1": 300.0, "q3": 700.0}
+    assert log_throughput(_log([10.0] * 7)) == {}  # two batches after the warm-up: too few for quartiles

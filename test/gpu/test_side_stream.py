@@ -85,7 +85,8 @@ def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
         assert torch.equal(side.tq3[layer], sync.tq3[layer]), f"layer {layer}: TQ3 bytes differ"
 
     monkeypatch.setattr(side.conversion_stream, "launch", real)
-    for store in (side, sync):
+    for store in (side, sync):  # the retiered pages' FP8 sources leave the quarantine two steps on
+        store.end_step()
         store.end_step()
     back = torch.tensor([3, 8], device="cuda")
     assert side.promote(back) == sync.promote(back) == 2
