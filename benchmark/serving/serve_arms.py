@@ -16,6 +16,7 @@ Arms:
                2026-12-03 13:00 UTC, greedy_cpu.json's included
   minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
   minima-defer Minima with --minima-defer-prefill-conversion (a prompt's pages stay FP8 until its prefill ends)
+  minima-tick8 Minima with --minima-tick-min-new-pages 8 (the lifecycle tick waits for 8 new pages)
   minima-native  Minima with --attention-backend minima_native (the torch path; on GPU tensors there)
   sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
   sglang-bf16  SGLang's own path in the model dtype (flashinfer on GPU, torch_native on CPU)
@@ -94,6 +95,7 @@ def arms(device: str) -> dict[str, Arm]:
         "minima-k3": Arm("minima-k3", "sglang_minima.launch_server", ["--minima-key-bits", "3"]),
         "minima-eager": Arm("minima-eager", "sglang_minima.launch_server", ["--cuda-graph-backend-decode", "disabled"]),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
+        "minima-tick8": Arm("minima-tick8", "sglang_minima.launch_server", ["--minima-tick-min-new-pages", "8"]),
         "minima-defer": Arm("minima-defer", "sglang_minima.launch_server", ["--minima-defer-prefill-conversion"]),
         "minima-native": Arm("minima-native", "sglang_minima.launch_server", ["--attention-backend", "minima_native"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),

@@ -59,6 +59,12 @@ class MinimaConfig:
     retier_batch_pages: int = _option(
         64, "Most pages converted (or promoted) in one batched conversion between steps."
     )
+    tick_min_new_pages: int = _option(
+        1,
+        "Pages the live requests must have added since the last lifecycle tick (classification, conversions, "
+        "promotions) before the next one runs; 1: at every page boundary. A request that starts or ends, a "
+        "prefill that ends, conversions to publish or fewer free FP8 pages than the wait could need run it at once.",
+    )
     attention_score_anchors: bool = _option(
         False, "Fill the Anchor budget by the attention score (EWMA of page attention mass)."
     )
@@ -75,7 +81,8 @@ class MinimaConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "rotation_seed"):
+        for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "tick_min_new_pages",
+                     "rotation_seed"):
             value, top = getattr(self, name), MAX_SEED if name == "rotation_seed" else MAX_PAGES
             if not 0 <= value <= top:
                 raise ValueError(f"{flag_name(name)} must be in [0, {top}], got {value}")
@@ -84,8 +91,9 @@ class MinimaConfig:
                 f"{flag_name('recent_pages')} must be >= 1 (the page being written is Recent), "
                 f"got {self.recent_pages}"
             )
-        if self.retier_batch_pages < 1:
-            raise ValueError(f"{flag_name('retier_batch_pages')} must be >= 1, got {self.retier_batch_pages}")
+        for name in ("retier_batch_pages", "tick_min_new_pages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag_name(name)} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.fp8_page_fraction <= 1.0:
             raise ValueError(
                 f"{flag_name('fp8_page_fraction')} must be in (0, 1], got {self.fp8_page_fraction}"

@@ -101,16 +101,19 @@ def test_concurrent_requests_with_aborts_leave_no_pages(default_server):
     assert requests.get(url + "/health", timeout=30).status_code == 200
 
 
-def test_few_fp8_pages_admit_long_prompts_without_crashing(tmp_path):
+@pytest.mark.parametrize("tick_pages", [1, 8], ids=["tick-every-page", "tick-every-8-pages"])
+def test_few_fp8_pages_admit_long_prompts_without_crashing(tmp_path, tick_pages):
     """With 10% FP8 pages a batch of long prompts needs more new pages than there are FP8 pages:
-    admission must chunk and defer by the FP8 pages left (then convert), never fail allocation."""
+    admission must chunk and defer by the FP8 pages left (then convert), never fail allocation;
+    also when the lifecycle ticks only every 8 new pages (--minima-tick-min-new-pages), where the
+    short FP8 pool must bring the tick forward and the allocator's pressure path does the rest."""
     from concurrent.futures import ThreadPoolExecutor
 
     from minima_test_support.server import launch
 
     server = launch(["--minima-fp8-page-fraction", "0.1", "--max-total-tokens", "8192",
-                     "--max-running-requests", "8"], tmp_path / "lean.log",
-                    env={"SGLANG_DEBUG_MEMORY_POOL": "1"})
+                     "--max-running-requests", "8", "--minima-tick-min-new-pages", str(tick_pages)],
+                    tmp_path / "lean.log", env={"SGLANG_DEBUG_MEMORY_POOL": "1"})
     try:
         info = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]["minima"]
         assert info["pool"]["hot_pages"] * 64 < 6 * 900  # the batch below cannot all be FP8 at once
@@ -129,6 +132,9 @@ def test_few_fp8_pages_admit_long_prompts_without_crashing(tmp_path):
         stats = _minima(server.url)["stats"]
         assert stats["retier"]["pages"] + stats["pressure_retier_pages"] > 0
         assert stats["prefill_hot_deferrals"] > 0  # put off to a later step by the FP8 pages, not refused
+        assert stats["lifecycle_ticks"] > 0
+        # every page boundary ticks by default; every 8 pages, some steps' ticks wait
+        assert (stats["lifecycle_ticks_deferred"] > 0) == (tick_pages > 1)
         assert requests.get(server.url + "/health", timeout=30).status_code == 200
     finally:
         server.stop()

@@ -10,7 +10,7 @@ from sglang_minima.mem_cache.controller import LifecycleController
 from sglang_minima.mem_cache.page_table import (
     FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE, PageTable,
 )
-from store_helpers import PS, make_store, random_kv, write_tokens
+from store_helpers import PS, HeldConversionStream, make_store, random_kv, write_tokens
 
 
 def _request(store, pages, tokens=None):
@@ -207,3 +207,34 @@ def test_a_stale_page_still_being_written_keeps_the_tick_running():
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT]
     ctl.tick([seq], key=1)
     assert ctl.settled(1)
+
+
+def test_ticks_wait_for_new_pages_but_not_for_new_requests_publishing_or_a_short_pool():
+    """--minima-tick-min-new-pages: the tick waits until the live requests added that many pages,
+    except where waiting could cost: another request set or prefill state, conversions to publish,
+    or fewer free FP8 pages than the wait could need."""
+    stream = HeldConversionStream()
+    store = make_store(num_logical=32, num_hot=24, stream=stream)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, tick_min_new_pages=4))
+    a = (("a", 0, False),)
+    assert ctl.due(a, 3)  # no tick yet
+    ctl.ticked(a, 3)
+    assert not ctl.due(a, 3) and not ctl.due(a, 6)  # three pages added: wait
+    assert ctl.due(a, 7)  # four
+    assert ctl.due((("a", 0, True),), 3)  # its prefill state changed
+    assert ctl.due(a + (("b", 1, True),), 4)  # a new request
+    assert ctl.due((), 0)  # every request ended
+    seq = _request(store, [1, 2, 3])
+    ctl.tick([seq])  # converts pages 1 and 2 on the held stream: until published, every step is due
+    assert store.conversions_pending and ctl.due(a, 3)
+    stream.complete()
+    ctl.tick([seq])  # publishes them
+    assert not store.conversions_pending and store.stats.retier.pages == 2
+    assert not ctl.due(a, 3)
+    short = store.hot_pool.num_free - (len(a) + 4) + 1  # fewer free FP8 pages than one wait could need
+    store.map_new(torch.arange(10, 10 + short))
+    assert ctl.due(a, 3)
+    # the default ticks at every page boundary, as before the flag (settled decides alone)
+    dflt = LifecycleController(store, MinimaConfig())
+    dflt.ticked(a, 3)
+    assert dflt.due(a, 3)

@@ -100,3 +100,33 @@ def test_a_forward_translates_its_slots_once_and_again_after_a_mapping_change(mo
     assert len(calls) == 4
     write(allocator.alloc(PS), 0)  # the next forward's new slots
     assert len(calls) == 5
+
+
+def test_a_fresh_view_of_the_same_slots_per_layer_is_translated_once(monkeypatch):
+    """SGLang's breakable prefill graphs give every layer's attention a new slice of one slots buffer
+    (attention_input_scope: ``out_cache_loc[:n]``): the pool's cache must see the same slots, not a
+    new tensor, and still see a different extent, a refill and the next forward."""
+    pool, allocator = _cpu_pool(monkeypatch, layers=4)
+    translate = pool.page_table.hot_slots
+    calls = []
+    monkeypatch.setattr(pool.page_table, "hot_slots", lambda slots: calls.append(slots) or translate(slots))
+    buffer = torch.zeros(4 * PS, dtype=torch.int64)  # the graph runner's static slots, padded
+    n = 3 * PS
+    buffer[:n] = allocator.alloc(n)
+
+    def write(layer_id, tokens=n):
+        loc = buffer[:tokens]  # a new view object at every layer, as attention_input_scope makes
+        k = torch.randn(tokens, H, D).to(torch.bfloat16)
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
+        assert torch.equal(pool.hot_k_buffer(layer_id)[translate(loc)], k.to(torch.float8_e4m3fn).view(torch.uint8))
+
+    for layer_id in range(3):
+        write(layer_id)
+    assert len(calls) == 1  # one translation for three layers' slices
+    buffer[: 2 * PS] = torch.cat([buffer[PS : 2 * PS], buffer[:PS]])  # refilled in place through the base: every view's version moves
+    write(3)
+    assert len(calls) == 2
+    write(0, tokens=2 * PS)  # the next forward (after the last layer), fewer tokens of the same buffer
+    write(1, tokens=PS)  # another extent: other slots
+    write(2, tokens=PS)
+    assert len(calls) == 4

@@ -95,3 +95,28 @@ def test_hot_deferrals_reach_the_exported_text(monkeypatch):
                                 swa_host_hit_length=0, chunk_limit=None) == (True, 0)
     metrics.report(pool.store)
     assert _exported("sglang:minima_prefill_hot_deferrals_total") == before + 1
+
+
+def test_lifecycle_ticks_reach_the_exported_text():
+    """Ticks that ran (LifecycleController.tick) and ticks deferred for new pages (the radix cache
+    counts those) -> sglang:minima_lifecycle_ticks_total{outcome}."""
+    store = make_store(num_logical=16, num_hot=8)
+    ctl = LifecycleController(store, MinimaConfig(tick_min_new_pages=4))
+    metrics = get_minima_metrics(LABELS)  # one per process: start from what earlier tests' stores reported
+    ran, deferred = (_exported_labelled("sglang:minima_lifecycle_ticks_total", outcome) for outcome in ("ran", "deferred"))
+    store.stats.lifecycle_ticks, store.stats.lifecycle_ticks_deferred = int(ran), int(deferred)
+    pages = torch.tensor([1, 2])
+    store.map_new(pages)
+    ctl.tick([pages])
+    ctl.tick([pages])
+    store.stats.lifecycle_ticks_deferred += 3
+    metrics.update(memory_report(store), store.stats)
+    assert store.stats.lifecycle_ticks == ran + 2
+    assert _exported_labelled("sglang:minima_lifecycle_ticks_total", "ran") == ran + 2
+    assert _exported_labelled("sglang:minima_lifecycle_ticks_total", "deferred") == deferred + 3
+
+
+def _exported_labelled(name: str, outcome: str) -> float:
+    text = generate_latest(REGISTRY).decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and f'outcome="{outcome}"' in line)

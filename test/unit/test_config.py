@@ -36,6 +36,7 @@ def test_parse_builds_validated_config():
     (["--minima-hot-dtype", "int8"], "--minima-hot-dtype"),
     (["--minima-score-ewma", "1.0"], "--minima-score-ewma"),
     (["--minima-retier-batch-pages", "x"], "--minima-retier-batch-pages"),
+    (["--minima-tick-min-new-pages", "0"], "--minima-tick-min-new-pages"),
     (["--minima-key-bits", "5"], "--minima-key-bits"),
     (["--minima-key-bits", "2"], "--minima-key-bits"),
     (["--minima-key-bits", "four"], "--minima-key-bits"),

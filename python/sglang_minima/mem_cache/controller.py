@@ -34,6 +34,7 @@ class LifecycleController:
         self.store = store
         self.config = config
         self._settled: tuple | None = None  # (caller's key, store state) after a tick that found nothing to do
+        self._ticked: tuple | None = None  # (live requests, their pages) at the last tick that ran
 
     def settled(self, key: Hashable) -> bool:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
@@ -46,6 +47,21 @@ class LifecycleController:
             and not self.store.conversions_pending
             and self._settled == (key, self._store_state())
         )
+
+    def due(self, members: tuple, pages: int) -> bool:
+        """Whether a tick is due by ``tick_min_new_pages``: ``members`` identifies the live requests
+        and their prefill state (any change is due at once), ``pages`` counts their pages. Between
+        such ticks the pages a request fills stay in their format a little longer (FP8: more bytes
+        for a few steps, never less accuracy); the allocator's pressure path still converts at once
+        where it finds no free FP8 page. Host facts only."""
+        step, last, store = self.config.tick_min_new_pages, self._ticked, self.store
+        if step <= 1 or last is None or last[0] != members or store.conversions_pending:
+            return True
+        return pages - last[1] >= step or store.hot_pool.num_free < len(members) + step
+
+    def ticked(self, members: tuple, pages: int) -> None:
+        """A tick ran with these live requests and pages (``due`` counts from here)."""
+        self._ticked = (members, pages)
 
     def _store_state(self) -> tuple[int, int, int]:
         store = self.store
@@ -93,6 +109,7 @@ class LifecycleController:
         """
         store, pt, p = self.store, self.store.page_table, self.config
         self._settled = None
+        store.stats.lifecycle_ticks += 1
         store.publish_conversions()  # those whose copy is done (no wait)
         pt.tier.copy_(self.classify(sequences))
         if p.disable_stale:

@@ -125,11 +125,14 @@ class MinimaKVPool(MHATokenToKVPool):
             self.store.v_scales[local] = float(v_scale)
         with torch.profiler.record_function("minima.kv_write"):
             # One translation per forward (its first layer's write): every layer writes the same slots
-            # and the mapping does not change within a forward (it would bump the store's version);
-            # the slots tensor's own version catches a buffer refilled in place.
-            key = (self.store.version, loc._version)
+            # and the mapping does not change within a forward (it would bump the store's version).
+            # Keyed on the slots' memory, not the tensor object: SGLang's breakable prefill graphs
+            # hand each layer a fresh slice of one buffer (attention_input_scope; a translation per
+            # layer on the H200, 2026-12-03). The version counter, shared by every view of a buffer,
+            # catches it refilled in place; the cache holds the tensor, so its memory is not reused.
+            key = (self.store.version, loc.data_ptr(), loc.shape, loc.stride(), loc.dtype, loc._version)
             cached = self._write_slots
-            if cached is None or cached[0] is not loc or cached[1] != key:
+            if cached is None or cached[1] != key:
                 cached = self._write_slots = (loc, key, self.store.page_table.hot_slots(loc))
             super().set_kv_buffer(layer, cached[2], cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
             if local == self.layer_num - 1:

@@ -85,12 +85,19 @@ class MinimaRadixCache(UnifiedRadixCache):
         with torch.profiler.record_function("minima.lifecycle"):  # between steps: conversions, promotions
             self.store.end_step()
             live = self._live_requests()
-            # Host facts only: a step that crossed no page boundary and changed no mapping skips the tick.
-            key = tuple((req.rid, req.kv.req_pool_idx, -(-req.kv.kv_allocated_len // self.page_size),
-                         req.kv.kv_allocated_len < len(req.origin_input_ids)) for req in live)
+            # Host facts only: a step that crossed no page boundary and changed no mapping skips the
+            # tick, and so does one that added fewer pages than --minima-tick-min-new-pages since the last.
+            members = tuple((req.rid, req.kv.req_pool_idx, req.kv.kv_allocated_len < len(req.origin_input_ids))
+                            for req in live)
+            counts = tuple(-(-req.kv.kv_allocated_len // self.page_size) for req in live)
+            key = (members, counts)
             if not self.lifecycle.settled(key):
-                sequences, prefilling = self._sequences(live)
-                self.lifecycle.tick(sequences, prefilling, key=key)
+                if self.lifecycle.due(members, sum(counts)):
+                    sequences, prefilling = self._sequences(live)
+                    self.lifecycle.tick(sequences, prefilling, key=key)
+                    self.lifecycle.ticked(members, sum(counts))
+                else:
+                    self.store.stats.lifecycle_ticks_deferred += 1
             if not live:  # nothing live: no more steps may come to move the quarantine on
                 self.store.drain_quarantine()
         for listener in self.step_listeners:

@@ -39,6 +39,10 @@ class MinimaStats:
     prefill_hot_deferrals: int = 0
     """Prefill admissions put off to the next step: the request fit the logical pool, but the
     step's hot pages were spent (HotPageBudget)."""
+    lifecycle_ticks: int = 0
+    """Lifecycle ticks that ran (classification, conversions, promotions between steps)."""
+    lifecycle_ticks_deferred: int = 0
+    """Steps whose tick would have run but waited for --minima-tick-min-new-pages new pages."""
     prefix_hit_hot_pages: int = 0
     prefix_hit_tq3_pages: int = 0
 

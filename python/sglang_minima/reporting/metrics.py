@@ -16,6 +16,8 @@ Counters fed with the increase since the last update. Names:
 - ``sglang:minima_fallbacks_total``, ``sglang:minima_prefix_hit_pages_total{format}``
 - ``sglang:minima_prefill_hot_deferrals_total``: prefill admissions put off to the next step because
   the step's hot pages were spent (the request fit the logical pool)
+- ``sglang:minima_lifecycle_ticks_total{outcome}``: lifecycle ticks between steps that ran, and
+  (deferred) those that waited for ``--minima-tick-min-new-pages`` new pages
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class MinimaMetrics:
         self.prefill_hot_deferrals = counter(
             "prefill_hot_deferrals", "Prefill admissions put off to the next step: the step's hot pages were spent."
         )
+        self.lifecycle_ticks = counter(
+            "lifecycle_ticks", "Lifecycle ticks between steps: ran, or deferred for new pages.", ("outcome",)
+        )
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
 
     def report(self, store: TieredPageStore) -> None:
@@ -123,6 +128,8 @@ class MinimaMetrics:
             self._advance(self.prefix_hit_pages, hits, format=fmt)
         self._advance(self.fallbacks, stats.fallbacks)
         self._advance(self.prefill_hot_deferrals, stats.prefill_hot_deferrals)
+        self._advance(self.lifecycle_ticks, stats.lifecycle_ticks, outcome="ran")
+        self._advance(self.lifecycle_ticks, stats.lifecycle_ticks_deferred, outcome="deferred")
 
     def _advance(self, counter, total: float, **extra: str) -> None:
         """Counters only go up: add what the cumulative stat gained since the last update."""
