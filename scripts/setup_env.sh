@@ -22,7 +22,7 @@ PIP=("$VENV/bin/python" -m pip install -q)
   python-multipart partial_json_parser msgspec numpy pillow einops IPython \
   "apache-tvm-ffi==0.1.11" dill "sentencepiece==0.2.1" "compressed-tensors==0.18.0" "gguf==0.19.0" \
   "openai==2.8.0" jsonschema "xgrammar==0.2.7" "soundfile==0.13.1" "python-dateutil<3" datasets \
-  accelerate pytest "hypothesis>=6.100" pytest-timeout tqdm matplotlib
+  accelerate pytest "hypothesis>=6.100" pytest-timeout tqdm matplotlib filelock
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 # PyPI's torchvision needs its op schemas defined to import beside the CPU torch (SGLang imports it).
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

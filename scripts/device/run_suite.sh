@@ -188,4 +188,4 @@ python3 scripts/device/summarize.py --phase "$phase" --seconds $((SECONDS - t0))
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" .
 # PACK=1 (env): the phase's folder as one file, $OUT.tar.gz (a call brings back 8 files: phases side by
 # side in one call left most of theirs behind on 2026-12-03)
-if [ -n "${PACK:-}" ]; then tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$phase" && rm -rf "$OUT"; fi
+if [ "${PACK:-0}" = 1 ]; then tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$phase" && rm -rf "$OUT"; fi

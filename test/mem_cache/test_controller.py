@@ -234,6 +234,18 @@ def test_ticks_wait_for_new_pages_but_not_for_new_requests_publishing_or_a_short
     short = store.hot_pool.num_free - (len(a) + 4) + 1  # fewer free FP8 pages than one wait could need
     store.map_new(torch.arange(10, 10 + short))
     assert ctl.due(a, 3)
+    # a tick that fills its conversion batch leaves a backlog: the next step is due, pages or not
+    backlog = make_store(num_logical=32, num_hot=24)
+    bctl = LifecycleController(backlog, MinimaConfig(recent_pages=1, sink_pages=0, retier_batch_pages=2,
+                                                     tick_min_new_pages=4))
+    long = _request(backlog, [1, 2, 3, 4, 5, 6])  # five Stale pages, two converted a tick
+    bctl.tick([long])
+    bctl.ticked(a, 6)
+    assert backlog.stats.retier.pages == 2 and bctl.due(a, 6)
+    bctl.tick([long])
+    bctl.tick([long])  # the fifth page: the batch not filled, the backlog cleared
+    bctl.ticked(a, 6)
+    assert backlog.stats.retier.pages == 5 and not bctl.due(a, 6)
     # the default ticks at every page boundary, as before the flag (settled decides alone)
     dflt = LifecycleController(store, MinimaConfig())
     dflt.ticked(a, 3)

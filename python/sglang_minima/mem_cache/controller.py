@@ -35,6 +35,7 @@ class LifecycleController:
         self.config = config
         self._settled: tuple | None = None  # (caller's key, store state) after a tick that found nothing to do
         self._ticked: tuple | None = None  # (live requests, their pages) at the last tick that ran
+        self._backlog = False  # the last tick filled a conversion batch: more may be waiting
 
     def settled(self, key: Hashable) -> bool:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
@@ -50,12 +51,13 @@ class LifecycleController:
 
     def due(self, members: tuple, pages: int) -> bool:
         """Whether a tick is due by ``tick_min_new_pages``: ``members`` identifies the live requests
-        and their prefill state (any change is due at once), ``pages`` counts their pages. Between
-        such ticks the pages a request fills stay in their format a little longer (FP8: more bytes
-        for a few steps, never less accuracy); the allocator's pressure path still converts at once
-        where it finds no free FP8 page. Host facts only."""
+        and their prefill state (any change is due at once), ``pages`` counts their pages. So is the
+        tick after one that filled its conversion batch (a backlog: a long prefill's Stale pages
+        convert batch after batch, as without the lever). Between ticks the pages a request fills
+        stay FP8 longer, and the tiers the pressure path orders by are the last tick's; the
+        allocator's pressure path still converts at once where it finds no free FP8 page. Host facts only."""
         step, last, store = self.config.tick_min_new_pages, self._ticked, self.store
-        if step <= 1 or last is None or last[0] != members or store.conversions_pending:
+        if step <= 1 or last is None or last[0] != members or store.conversions_pending or self._backlog:
             return True
         return pages - last[1] >= step or store.hot_pool.num_free < len(members) + step
 
@@ -122,6 +124,7 @@ class LifecycleController:
                     stale[seq.to(device=stale.device, dtype=torch.int64)] = False
         sealed = pt.sealed
         converted = store.retier(self._order(stale & sealed, demote=True)[: p.retier_batch_pages])
+        self._backlog = converted >= p.retier_batch_pages
         spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
         wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)
         # One device read for both: TQ3 pages to promote, Stale pages a forward is still filling.
@@ -129,6 +132,7 @@ class LifecycleController:
         promoted = 0
         if spare > 0 and any_wanted:
             promoted = store.promote(self._order(wanted, demote=False)[: min(spare, p.retier_batch_pages)])
+            self._backlog |= promoted >= p.retier_batch_pages
         if converted == 0 and promoted == 0 and not any_unsealed and not (spare > 0 and any_wanted):
             self._settle(key)
 

@@ -130,9 +130,11 @@ class MinimaKVPool(MHATokenToKVPool):
             # hand each layer a fresh slice of one buffer (attention_input_scope; a translation per
             # layer on the H200, 2026-12-03). The version counter, shared by every view of a buffer,
             # catches it refilled in place; the cache holds the tensor, so its memory is not reused.
+            # The first layer always translates: a forward that ended before its last write (an error)
+            # leaves nothing behind for the next one, whatever refilled the buffer meanwhile.
             key = (self.store.version, loc.data_ptr(), loc.shape, loc.stride(), loc.dtype, loc._version)
             cached = self._write_slots
-            if cached is None or cached[1] != key:
+            if cached is None or local == 0 or cached[1] != key:
                 cached = self._write_slots = (loc, key, self.store.page_table.hot_slots(loc))
             super().set_kv_buffer(layer, cached[2], cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
             if local == self.layer_num - 1:
