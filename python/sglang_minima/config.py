@@ -63,7 +63,8 @@ class MinimaConfig:
         1,
         "Pages the live requests must have added since the last lifecycle tick (classification, conversions, "
         "promotions) before the next one runs; 1: at every page boundary. A request that starts or ends, a "
-        "prefill that ends, conversions to publish or fewer free FP8 pages than the wait could need run it at once.",
+        "prefill that ends, conversions to publish, a conversion batch the last tick filled, or fewer free FP8 "
+        "pages than the wait could need run it at once.",
     )
     attention_score_anchors: bool = _option(
         False, "Fill the Anchor budget by the attention score (EWMA of page attention mass)."
