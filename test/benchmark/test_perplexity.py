@@ -28,7 +28,7 @@ def test_ratio_is_exp_of_the_token_weighted_mean_difference(tmp_path):
     _write(tmp_path, "minima@128", {0: [1.2, 2.2], 1: [3.0, 3.0, 3.3]}, 64)
     _write(tmp_path, "minima-k4@128", {0: [1.0, 2.0]}, 0)  # one window, and it read no TQ3 page
     args = Namespace(out=tmp_path, reference="minima-nostale", chunk="128", bootstrap=200, device="cpu", window=3,
-                     text="essays")
+                     text="essays", concurrency=1)
     runs = [niah.Run(a, "128") for a in ("minima-nostale", "minima", "minima-k4")]
     rows = {r["run"]: r for r in perplexity.report(runs, args)["rows"]}
     m = rows["minima@128"]
@@ -50,3 +50,47 @@ def test_agreement_counts_equal_positions_first_divergence_and_identical_generat
     assert (a["generations"], a["generated_tokens"]) == (3, 12)
     assert a["token_agreement_ci"][0] <= a["token_agreement"] <= a["token_agreement_ci"][1]
     assert perplexity.agreement([[7, 7]], [[7, 7]], resamples=10)["token_agreement_ci"] == [1.0, 1.0]
+
+
+class _Server:
+    url = "http://stub"
+
+    def stop(self):
+        pass
+
+
+def test_windows_sent_together_go_in_one_batched_call_and_count_their_routes_once(tmp_path, monkeypatch):
+    """--concurrency 2: the windows of a group reach the server in one /generate call (a list of
+    prompts), each record holds its own log-probs and the group's route counters, the report counts
+    those once per group, and records sent one at a time are a different question (not mixed)."""
+    calls, reads = [], iter(range(0, 10_000, 100))  # the server's TQ3 read counter: +100 per look
+
+    def post(url, json=None, timeout=None):
+        calls.append((url.rsplit("/", 1)[1], json))
+        prompts = json["input_ids"] if json and isinstance(json["input_ids"][0], list) else [json["input_ids"]] if json else []
+        answers = [{"meta_info": {"input_token_logprobs": [[None]] + [[-0.5 * t] for t in p[1:]]}, "output_ids": p[:2]}
+                   for p in prompts]
+        return Namespace(raise_for_status=lambda: None, json=lambda: answers if len(answers) > 1 else answers[0])
+
+    monkeypatch.setattr(perplexity.requests, "post", post)
+    monkeypatch.setattr(niah, "launch_arm", lambda run, args: _Server())
+    monkeypatch.setattr(niah, "minima_stats", lambda url: {"route_tq3_tokens": next(reads), "retier_pages": 0})
+    monkeypatch.setattr(niah, "stats_delta", lambda a, b: {k: b[k] - a[k] for k in a})
+    windows = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    args = Namespace(out=tmp_path, text="essays", window=3, generate_tokens=2, concurrency=2, reference="fp8",
+                     chunk="256", bootstrap=100, device="cuda")
+    run = niah.Run("minima", "256")
+    perplexity.score_run(run, windows, args)
+    generates = [j for name, j in calls if name == "generate"]
+    # per group: the prefill, then the generation
+    assert [g["input_ids"] for g in generates] == [windows[:2], windows[:2], windows[2], windows[2]]
+    assert generates[0]["return_logprob"] and "return_logprob" not in generates[1]
+    got = perplexity.load(tmp_path, run, "essays", concurrency=2)
+    assert got[1]["nll"] == [2.5, 3.0] and got[1]["group"] == [0, 1] and got[2]["generated"] == [7, 8]
+    row = perplexity.report([run], args)["rows"][0]
+    # two groups, each +100 TQ3 tokens in its prefill and +100 in its generation: not +100 per window
+    assert (row["windows"], row["tq3_tokens_read"], row["generation_tq3_tokens_read"]) == (3, 200, 200)
+    assert perplexity.load(tmp_path, run, "essays", concurrency=1) == {}
+    calls.clear()
+    perplexity.score_run(run, windows, args)  # all answered: resumes to nothing
+    assert calls == []
