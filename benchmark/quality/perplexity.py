@@ -17,13 +17,18 @@ paired per-token NLL difference and the perplexity ratio exp(mean ΔNLL) with a 
 interval over windows; with generations, the share of the N positions whose token equals the
 reference's (bootstrap over windows), the mean first position where they differ, and the windows
 whose generations are identical. JSON + markdown under ``--out``; answers are appended per arm to
-``OUT/nll/<arm>@<chunk>.jsonl`` (a rerun resumes).
+``OUT/nll/<arm>@<chunk>.jsonl`` (a rerun resumes). ``--concurrency K`` sends K windows at a time in
+one batched request (extend and decode batches of several requests, as NIAH runs them), the route
+counters read once per group.
 
   OMP_NUM_THREADS=1 python benchmark/quality/perplexity.py --out docs/results/quality_cpu_ppl \\
       --arms minima-nostale,minima,minima-k4 --windows 8 --window 2048 --chunked-prefill-size 128
   OMP_NUM_THREADS=1 python benchmark/quality/perplexity.py --out docs/results/quality_cpu_kjv --text kjv \\
       --arms minima-nostale,minima,minima-k4 --windows 8 --window 2048 --chunked-prefill-size 128 \\
       --generate-tokens 512
+  python benchmark/quality/perplexity.py --device cuda --out /tmp/pplb --arms fp8,minima-nostale,minima-k4 \
+      --windows 24 --window 7100 --concurrency 8 --chunked-prefill-size 256 --generate-tokens 512 \
+      --max-total-tokens 65536     # the H200 run of 2026-12-04 (run_suite.sh ppl runs one process per arm)
 """
 
 from __future__ import annotations

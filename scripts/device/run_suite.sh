@@ -69,7 +69,10 @@ tests)
   if [ -n "${ATTENTION:-}" ]; then  # the e2e suite's servers on another Minima backend (e.g. minima)
     export MINIMA_E2E_SERVER_ARGS="$MINIMA_E2E_SERVER_ARGS --attention-backend $ATTENTION"
     # the serving geometries' decode kernels, before the servers start (each would build its own)
-    [ "$ATTENTION" = minima ] && python3 scripts/device/warm_kernels.py --serving > "$WORK/warm-serving.log" 2>&1
+    # (bounded, and the parts get what it leaves: unbounded, it once ate a 235 s call whole, 2026-12-04)
+    [ "$ATTENTION" = minima ] && timeout -s INT $((budget / 2)) python3 scripts/device/warm_kernels.py --serving \
+      > "$WORK/warm-serving.log" 2>&1
+    budget=$((budget - (SECONDS - t0))); [ "$budget" -ge 60 ] || budget=60
   fi
   # E2E_ARGS (env): more flags for the e2e suite's servers, e.g. "--cuda-graph-backend-decode disabled"
   [ -n "${E2E_ARGS:-}" ] && export MINIMA_E2E_SERVER_ARGS="$MINIMA_E2E_SERVER_ARGS $E2E_ARGS"
