@@ -4,7 +4,8 @@ builds (``tile_config``, ``fp8_tile_config``, ``fused_build_of``), the split cou
 ``MinimaDecodeWrapper`` (``choose_path``: fused, two-launch with the TileLang FP8 decode, or with
 FlashInfer's). The constants were measured on the H200 (docs/results/kernels.md); the SM count is
 an argument, read from the device by ``device_sm_count`` (132 on the H200 the rules were tuned on).
-test/kernels/test_heuristics.py checks them on CPU.
+test/kernels/test_heuristics.py checks them on CPU. The prefill's one rule, the TQ3 tile
+(``prefill_tile_pages``, ``prefill_scratch_bytes``), is here too: the pool's sizing reserves it.
 """
 
 from dataclasses import dataclass
@@ -343,3 +344,28 @@ def choose_path(
         if used and not 1 <= splits <= MAX_SPLITS:
             raise ValueError(f"{name}={splits}: the split combine takes 1 to {MAX_SPLITS}")
     return path
+
+
+PREFILL_TILE_TOKENS = 16384
+"""TQ3 tokens the prefill decodes at once on the kernel path: K and V in bf16, 4 bytes per element
+(16,384 tokens of 8 heads of 128: 64 MiB)."""
+PREFILL_TORCH_TILE_TOKENS = 4096
+"""The torch codec's tile (head dims without the kernels' rotation): K and V in fp32 plus their
+bf16 copies, 12 bytes per element."""
+
+
+def prefill_tile_pages(page_size: int, *, kernel: bool, tile_tokens: int | None = None) -> int:
+    """Pages of one TQ3 tile of ``MinimaPrefillWrapper`` (at least one)."""
+    default = PREFILL_TILE_TOKENS if kernel else PREFILL_TORCH_TILE_TOKENS
+    return max(1, (tile_tokens or default) // page_size)
+
+
+def prefill_scratch_bytes(
+    num_kv_heads: int, head_dim: int, page_size: int, *, kernel: bool, tile_tokens: int | None = None
+) -> int:
+    """The most one layer's TQ3 prefix holds decoded at once (what the prefill meters as scratch):
+    a full tile's K and V. Layers run one after another, so this bounds a forward's prefill scratch;
+    the pool's sizing charges it before SGLang turns the rest into tokens."""
+    tokens = prefill_tile_pages(page_size, kernel=kernel, tile_tokens=tile_tokens) * page_size
+    return num_kv_heads * tokens * head_dim * (4 if kernel else 12)
+

@@ -44,15 +44,12 @@ from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch
 
+from .heuristics import prefill_tile_pages
+
 TILE_PLAN_BYTES = 1 << 20
 """A tile wrapper's int workspace (device, and as much pinned host memory): its plan's work lists,
 a few int32 per 16-row query tile and per query row (FlashInfer's own default, 8 MiB, would be
 held once per tile of the largest batch seen)."""
-DEFAULT_TILE_TOKENS = 16384
-"""TQ3 tokens decoded at once: K and V in bf16, 4 bytes per element (16,384 tokens of 8 heads of
-128: 64 MiB)."""
-TORCH_TILE_TOKENS = 4096
-"""The torch codec's tile: K and V in fp32 plus their bf16 copies, 12 bytes per element."""
 MERGE_HEAD_DIMS = (64, 128, 256, 512)
 """Head dims FlashInfer's merge kernels are built for (cascade.cu's DISPATCH_HEAD_DIM)."""
 
@@ -127,8 +124,7 @@ class MinimaPrefillWrapper:
 
             self._dequant = PageConversions(num_kv_heads, page_size, head_dim, key_bits)
             _ = self._dequant.dequant_kernel
-        default = DEFAULT_TILE_TOKENS if self._dequant is not None else TORCH_TILE_TOKENS
-        self.tile_pages = max(1, (tile_tokens or default) // page_size)
+        self.tile_pages = prefill_tile_pages(page_size, kernel=self._dequant is not None, tile_tokens=tile_tokens)
         # SGLang's choices on Hopper (flashinfer_backend.py): ragged "auto", paged "fa2"
         self._ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="auto")
         self._paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")

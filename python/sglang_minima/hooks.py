@@ -1,4 +1,4 @@
-"""How Minima reaches SGLang 0.5.23: a radix-cache backend, three AROUND hooks and one prompt check.
+"""How Minima reaches SGLang 0.5.23: a radix-cache backend, three AROUND hooks, one AFTER hook and one prompt check.
 
 - ``--radix-cache-backend minima`` -> ``MinimaRadixCache`` (through ``create_unified_radix_cache``,
   so Mamba/SWA components keep working);
@@ -6,7 +6,10 @@
   site, including the full-attention pool inside ``HybridLinearKVPool``;
 - ``SRTPlatform.get_paged_allocator_cls()`` -> ``MinimaPagedAllocator``;
 - ``DefaultPoolConfigurator._compute_cell_size`` -> the blended bytes per token, so SGLang's
-  ``max_total_num_tokens`` is the logical capacity.
+  ``max_total_num_tokens`` is the logical capacity;
+- ``DefaultPoolConfigurator.__init__`` (AFTER) -> the ``minima`` backend's prefill scratch (one TQ3
+  tile, ``prefill_scratch_reserve``) charged in ``_fixed_overhead_bytes``, as SGLang charges its own
+  KV-shard scratch, before the rest of the memory becomes tokens.
 Neither CPU nor CUDA platforms override the two platform methods, so hooking the base class
 reaches both. Every hook is gated at run time on ``minima_selected()``. With ``--enable-metrics``
 the radix cache reports the ``sglang:minima_*`` metrics after each step's lifecycle work.
@@ -26,6 +29,8 @@ buffers, past Minima's logical-to-hot slot translation; unfused, they call ``set
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.mem_cache.registry import (
@@ -34,18 +39,20 @@ from sglang.srt.mem_cache.registry import (
     register_radix_cache_backend,
 )
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_parallel, get_server_args
 
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
 from sglang_minima.mem_cache.radix_cache import MinimaRadixCache
-from sglang_minima.mem_cache.tier_store import minima_cell_size
+from sglang_minima.mem_cache.tier_store import minima_cell_size, prefill_scratch_reserve
 from sglang_minima.reporting.metrics import get_minima_metrics, scheduler_metric_labels
 from sglang_minima.selection import MINIMA_BACKEND_NAME, minima_selected, resolve_config
 
+logger = logging.getLogger(__name__)
+
 _PLATFORM = "sglang.srt.platforms.interface.SRTPlatform"
 _CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size"
-
+_POOL_SIZING = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__"
 _VALIDATE_REQUEST = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 _FUSED_KV_WRITE = "sglang.srt.models.utils.enable_fused_set_kv_buffer"
 _SCHEDULER_IDLE = "sglang.srt.managers.scheduler.Scheduler.on_idle"
@@ -63,6 +70,7 @@ def install_memory_hooks() -> None:
     HookRegistry.register(f"{_PLATFORM}.get_kv_pool_cls", kv_pool_cls_hook, HookType.AROUND)
     HookRegistry.register(f"{_PLATFORM}.get_paged_allocator_cls", paged_allocator_cls_hook, HookType.AROUND)
     HookRegistry.register(_CELL_SIZE, cell_size_hook, HookType.AROUND)
+    HookRegistry.register(_POOL_SIZING, prefill_scratch_hook, HookType.AFTER)
     HookRegistry.register(_VALIDATE_REQUEST, validate_prompt_ids_hook, HookType.BEFORE)
     HookRegistry.register(_FUSED_KV_WRITE, fused_kv_write_hook, HookType.AROUND)
     HookRegistry.register(_SCHEDULER_IDLE, scheduler_idle_hook, HookType.BEFORE)
@@ -125,6 +133,27 @@ def paged_allocator_cls_hook(original_fn, platform):
     if minima_selected():
         return MinimaPagedAllocator
     return original_fn(platform)
+
+
+def prefill_scratch_hook(result, configurator, kvc, *args, **kwargs) -> None:
+    """AFTER ``DefaultPoolConfigurator.__init__``: the extend path's bounded scratch is counted in
+    SGLang's memory budget (without it, a pool sized to the last byte leaves a long prefill over
+    TQ3 pages to find its tile in the activations' margin)."""
+    if not minima_selected() or kvc.use_mla_backend:
+        return None
+    server_args = get_server_args()
+    parallel = get_parallel()
+    reserve = prefill_scratch_reserve(
+        server_args.prefill_attention_backend or server_args.attention_backend,
+        server_args.device,
+        num_kv_heads=kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size),
+        head_dim=kvc.model_config.head_dim,
+        page_size=kvc.page_size,
+    )
+    if reserve:
+        configurator._fixed_overhead_bytes += reserve
+        logger.info("Minima: %.1f MiB of the KV budget kept for the prefill's TQ3 tile", reserve / 2**20)
+    return None
 
 
 def cell_size_hook(original_fn, configurator, kvc, num_layers: int) -> int:

@@ -6,6 +6,11 @@ from sglang_minima.config import MinimaConfig, get_active_config
 
 MINIMA_BACKEND_NAME = "minima"
 """The radix-cache backend name that selects Minima (``--radix-cache-backend minima``)."""
+MINIMA_NATIVE_BACKEND = "minima_native"
+"""The torch attention backend (CPU, and the reference on CUDA): ``--attention-backend minima_native``."""
+MINIMA_BACKEND = "minima"
+"""The GPU attention backend (the fused kernels): ``--attention-backend minima``."""
+MINIMA_ATTENTION_BACKENDS = (MINIMA_NATIVE_BACKEND, MINIMA_BACKEND)
 
 
 def minima_selected() -> bool:

@@ -210,3 +210,16 @@ def test_4bit_key_builds_fit_the_shared_memory_of_an_sm(head_dim: int, page_size
         assert (old["warps"], new["warps"]) == (12, 8)
     if head_dim == 64 and batch is None:  # four 63 KB CTAs do not fit an SM
         assert (old["min_blocks"], new["min_blocks"]) == (4, 3)
+
+
+def test_prefill_tile_and_its_scratch():
+    from minima_kernels.heuristics import prefill_scratch_bytes, prefill_tile_pages
+
+    assert prefill_tile_pages(64, kernel=True) == 256 and prefill_tile_pages(64, kernel=False) == 64
+    assert prefill_tile_pages(64, kernel=True, tile_tokens=100) == 1  # whole pages, at least one
+    assert prefill_tile_pages(16, kernel=True, tile_tokens=8) == 1
+    # K and V of a full tile: bf16 on the kernel path, fp32 + bf16 copies on the torch codec's
+    assert prefill_scratch_bytes(4, 256, 64, kernel=True) == 64 << 20  # what the H200 canary metered (64.0 MiB)
+    assert prefill_scratch_bytes(8, 128, 64, kernel=True) == 64 << 20
+    assert prefill_scratch_bytes(3, 64, 64, kernel=False) == 3 * 4096 * 64 * 12
+    assert prefill_scratch_bytes(3, 64, 48, kernel=True) == 3 * (16384 // 48 * 48) * 64 * 4

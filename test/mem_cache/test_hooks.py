@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -155,3 +156,41 @@ def test_pool_refuses_a_head_dim_tq3_cannot_hold(monkeypatch, head_dim):
     )
     with pytest.raises(ValueError, match=match):
         cell_size_hook(lambda configurator, kvc, num_layers: 0, None, kvc, 4)
+
+
+def test_prefill_scratch_is_charged_before_sglang_sizes_the_pool(monkeypatch):
+    """On CUDA with ``minima`` the prefill's TQ3 tile comes out of the KV budget, as SGLang's own
+    KV-shard scratch does (``_fixed_overhead_bytes``), so fewer tokens; nothing elsewhere."""
+    import sglang_minima.hooks as hooks
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    install_memory_hooks()
+    assert hooks._POOL_SIZING in HookRegistry._hooks
+    # the target the AFTER hook wraps takes the configurator and SGLang's KV cache configurator
+    assert list(inspect.signature(DefaultPoolConfigurator.__init__).parameters) == ["self", "kvc"]
+    kvc = SimpleNamespace(use_mla_backend=False, page_size=64,  # the canary's Qwen3.6 full-attention geometry
+                          model_config=SimpleNamespace(head_dim=256, get_num_kv_heads=lambda tp, dcp: 4))
+    args = SimpleNamespace(attention_backend="minima", prefill_attention_backend=None, device="cuda")
+    monkeypatch.setattr(hooks, "get_server_args", lambda: args)
+
+    def sized_pool(cell: int = 19232, available: int = 4 << 30):
+        configurator = SimpleNamespace(_fixed_overhead_bytes=1000, _cell_size=cell, _zero_kv_max_tokens=0)
+        hooks.prefill_scratch_hook(None, configurator, kvc)
+        tokens = DefaultPoolConfigurator.calculate_pool_sizes(configurator, available, 64).max_total_num_tokens
+        return configurator._fixed_overhead_bytes - 1000, tokens
+
+    _select(monkeypatch, MinimaConfig())
+    reserve, tokens = sized_pool()
+    assert reserve == 64 << 20  # 16,384 tokens x 4 heads x 256 dims, K and V in bf16: the 64.0 MiB the H200 metered
+    assert tokens == ((4 << 30) - 1000 - reserve) // 19232 // 64 * 64 < ((4 << 30) - 1000) // 19232 // 64 * 64
+    args.prefill_attention_backend = "minima_native"  # the extend path SGLang runs is the prefill backend's
+    assert sized_pool()[0] == 0
+    args.prefill_attention_backend = None
+    for backend, device in [("minima_native", "cuda"), ("minima", "cpu")]:
+        args.attention_backend, args.device = backend, device
+        assert sized_pool()[0] == 0
+    args.attention_backend, args.device = "minima", "cuda"
+    kvc.model_config.head_dim = 96  # no Hadamard rotation in the kernels: the torch codec's tile, 12 bytes an element
+    assert sized_pool()[0] == 4 * 4096 * 96 * 12
+    _select(monkeypatch, None)  # SGLang's own pool: untouched
+    assert sized_pool()[0] == 0

@@ -224,8 +224,13 @@ def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
     req = prefill(t, "a", list(range(1, N_LONG + 1)))  # the scheduler holds running requests
     t.cache.flush_pending_backups()
     assert t.cache.live_sequences()[0].numel() == req.kv.kv_allocated_len // PS + 1
-    info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator))
+    args = SimpleNamespace(attention_backend="minima_native", prefill_attention_backend=None, device="cpu")
+    info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator, server_args=args))
     memory = info["memory"]
+    assert info["pool"]["prefill_scratch_reserve_bytes"] == 0  # the torch path's tiles are a few pages
+    args.attention_backend, args.device = "minima", "cuda"  # the kernels' tile: K and V in bf16
+    info = minima_server_info(SimpleNamespace(token_to_kv_pool_allocator=t.allocator, server_args=args))
+    assert info["pool"]["prefill_scratch_reserve_bytes"] == HEADS * 16384 * DIM * 2 * 2
     assert info["active"] and info["pool"]["hot_pages"] == 8 and info["pool"]["tq3_pages"] == 8
     assert memory["accounted_bytes"] == memory["allocated_bytes"] == sum(t.pool.get_kv_size_bytes())
     assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == N_LONG

@@ -5,18 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
+from sglang_minima.mem_cache.tier_store import prefill_scratch_reserve
 from sglang_minima.reporting.memory_report import memory_report
 
 
 def minima_server_info(scheduler) -> dict[str, Any]:
     """Pages and bytes per tier, the reference-count check, lifecycle and route counters (the peak
-    transient scratch among them, apart from the cache's bytes) of this scheduler's Minima pool."""
+    transient scratch among them, apart from the cache's bytes, beside the scratch the pool's sizing
+    kept for the prefill) of this scheduler's Minima pool."""
     allocator = scheduler.token_to_kv_pool_allocator
     if not isinstance(allocator, MinimaPagedAllocator):
         return {"active": False}
     store = allocator.kv_pool.store
     store.device_routes.fold(store.stats, wait=True)  # every CUDA-graph step's routes, exactly
     shape = store.shape
+    args = scheduler.server_args
+    reserve = prefill_scratch_reserve(
+        args.prefill_attention_backend or args.attention_backend, args.device,
+        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size,
+    )
     return {
         "active": True,
         "pool": {
@@ -32,6 +39,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
             "tq3_page_bytes_per_layer": store.layout.page_bytes,
             "quarantined_pages": store.num_quarantined,
             "step": store.step,
+            "prefill_scratch_reserve_bytes": reserve,
         },
         "memory": memory_report(store).as_dict(),
         "references": {"mismatched_pages": store.reference_mismatches()},

@@ -7,9 +7,9 @@ SGLang is imported only when registering, so plan.py stays importable (and testa
 
 from __future__ import annotations
 
-MINIMA_NATIVE_BACKEND = "minima_native"
-MINIMA_BACKEND = "minima"
-MINIMA_ATTENTION_BACKENDS = (MINIMA_NATIVE_BACKEND, MINIMA_BACKEND)
+from sglang_minima.selection import MINIMA_ATTENTION_BACKENDS, MINIMA_BACKEND, MINIMA_NATIVE_BACKEND
+
+__all__ = ["MINIMA_ATTENTION_BACKENDS", "MINIMA_BACKEND", "MINIMA_NATIVE_BACKEND", "register_attention_backends"]
 
 
 def register_attention_backends() -> None:
