@@ -88,9 +88,10 @@ class ArmResult:
     minima: dict = field(default_factory=dict)
     """/server_info's Minima section after the round (counters cumulative since the server started)."""
     counters: dict = field(default_factory=dict)
-    """Minima's counters over this round alone (``COUNTERS``), and ``peak_scratch_mib``: the most
+    """Minima's counters over this round alone (``COUNTERS``), ``peak_scratch_mib``: the most
     scratch alive at once since the server started (prefill tiles and conversion staging; the decode
-    kernels' split buffers are not counted)."""
+    kernels' split buffers are not counted), and ``scratch_reserve_mib``: what the pool's sizing kept
+    for the prefill's tile in SGLang's budget (servers that report it)."""
     kv: str = ""
     """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
 
@@ -276,6 +277,10 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 before = now
                 # the most decoded TQ3 (tiles, staging) alive at once so far: bounded, never a dense copy
                 counters["peak_scratch_mib"] = round(minima["stats"]["peak_scratch_bytes"] / 2**20, 1)
+                # what the pool's sizing kept for it in SGLang's budget (the minima backend's prefill tile)
+                reserve = minima["pool"].get("prefill_scratch_reserve_bytes")
+                if reserve is not None:
+                    counters["scratch_reserve_mib"] = round(reserve / 2**20, 1)
             results.append(ArmResult(
                 arm=arm.name, clients=clients, num_prompts=num_prompts, bytes_per_token=per_token,
                 max_total_tokens=state.get("max_total_num_tokens", tokens),
@@ -303,7 +308,7 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows "
-        "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start |",
+        "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start / kept in the budget |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -318,7 +323,8 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
             f"| {f'{r.decode_step_ms} @ {r.decode_rows}' if r.decode_rows else '-'} | {c.get('converted', '-')} "
-            f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')} |")
+            f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
+            f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} |")
     return "\n".join(lines)
 
 
