@@ -12,7 +12,10 @@ this is the reference the serving path must match; it involves no serving code a
 Modes (``--modes``), each ``<kv>@<chunk>``: kv is ``fp8`` (every page FP8), ``tq3`` (Minima: Stale
 pages TQ3, K and V), ``tq3k`` (Stale keys TQ3, values FP8), ``tq3v`` (Stale values TQ3, keys FP8),
 ``defer`` (Minima, but a request's pages are converted only once its prefill has ended), ``k4``
-(Stale keys with 4-bit rotated codes, values TQ3: +1 bit on the keys);
+(Stale keys with 4-bit rotated codes, values TQ3: +1 bit on the keys, the serving default), ``k4k``
+(4-bit Stale keys, values FP8: what k4's 3-bit values cost), ``k4lmv`` (4-bit Stale keys, values coded
+as the codec benchmark's ``tq3-lmv``: rotated, 3-bit Lloyd-Max codes of the normalized vector and one
+fp16 least-squares scale per token, 3 + 16/d bits against TQ3's 3 + 32/d; emulated here only);
 chunk is the prefill chunk size in tokens, or ``all`` for one chunk.
 
 Outputs per mode: RULER score on the examples and, for the prompts' last token, the relative
@@ -49,10 +52,14 @@ from sglang_minima.models import default_model_dir  # noqa: E402
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
 
-KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4")
-KEY_BITS = {"k4": 4}
+KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4", "k4k", "k4lmv")
+KEY_BITS = {"k4": 4, "k4k": 4, "k4lmv": 4}
 """Modes whose Stale keys take more bits than TQ3's 3: the same rotation, per-token norm correction
-and Lloyd-Max codebook for the sphere, with 2**bits levels (values stay TQ3)."""
+and Lloyd-Max codebook for the sphere, with 2**bits levels."""
+STALE_KEYS = ("tq3", "tq3k", "defer", *KEY_BITS)
+"""Modes that read a Stale page's keys through a compressed code (the rest read its FP8 keys)."""
+STALE_VALUES = ("tq3", "tq3v", "defer", "k4", "k4lmv")
+"""Modes that read a Stale page's values through a compressed code: TQ3's, or ``k4lmv``'s."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,8 @@ class MinimaEmulation:
             rot = self.rotations[layer]
             if self.state.kv_mode in KEY_BITS:
                 k_rot = self._finer_keys(rot.rotate(fp8_dequantize(kp), head_axis=-3), KEY_BITS[self.state.kv_mode])
+            if self.state.kv_mode == "k4lmv":
+                v_rot = self._lloyd_max_values(rot.rotate(fp8_dequantize(vp), head_axis=-3))
             hit = (to_original_space(k_rot, rot)[0].permute(1, 0, 2), to_original_space(v_rot, rot)[0].permute(1, 0, 2),
                    enc[0])
             self.state.tq3_cache[key] = hit
@@ -139,6 +148,16 @@ class MinimaEmulation:
         correction = (norm / q.norm(dim=-1, keepdim=True)).to(torch.float16).to(torch.float32)
         return torch.where(norm > 0, correction * q, torch.zeros_like(q))
 
+    def _lloyd_max_values(self, v_rot: torch.Tensor) -> torch.Tensor:
+        """Rotated values through the codec benchmark's ``tq3-lmv`` code: 3-bit Lloyd-Max codes of the
+        vector scaled to norm sqrt(d) (as keys), and one fp16 scale per token, the least-squares
+        ``<v, c> / |c|^2`` for those codes (benchmark/codec/methods.py ``_tq3_lloyd_values``)."""
+        book = key_codebook(self.head_dim, 3).to(v_rot.device)
+        norm = v_rot.norm(dim=-1, keepdim=True)
+        c = book.centroids[torch.bucketize(v_rot * (self.head_dim**0.5 / norm.clamp_min(1e-30)), book.thresholds)]
+        scale = ((v_rot * c).sum(-1, keepdim=True) / (c * c).sum(-1, keepdim=True).clamp_min(1e-30))
+        return scale.to(torch.float16).to(torch.float32) * c
+
     def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         st = self.state
         layer = module.layer_idx
@@ -153,9 +172,9 @@ class MinimaEmulation:
         for page in sorted(st.converted):
             kq, vq, _ = self._tq3_page(layer, page, k8, v8)
             rows = slice(page * ps, (page + 1) * ps)
-            if st.kv_mode in ("tq3", "tq3k", "defer", *KEY_BITS):
+            if st.kv_mode in STALE_KEYS:
                 k_t[rows] = kq
-            if st.kv_mode in ("tq3", "tq3v", "defer", *KEY_BITS):
+            if st.kv_mode in STALE_VALUES:
                 v_t[rows] = vq
         out, _ = attend(q, k_t, v_t, scaling, mask)
         if st.check_ops and st.converted and st.kv_mode in ("tq3", "defer"):

@@ -27,7 +27,14 @@ from sglang_minima.codec.layout import (
 )
 from sglang_minima.codec.packing import key_pair_fields, pack_codes, unpack_codes
 from sglang_minima.codec.rotation import LayerRotation
-from sglang_minima.codec.tq3 import decode_page_keys, decode_pages, encode_pages, page_fields, quantize_keys
+from sglang_minima.codec.tq3 import (
+    decode_page_keys,
+    decode_pages,
+    encode_pages,
+    page_fields,
+    quantize_keys,
+    to_original_space,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "quality"))
 from stale_probe import MinimaEmulation  # noqa: E402
@@ -273,6 +280,29 @@ def test_four_bit_keys_equal_the_emulations_finer_keys(d):
     assert int(flipped.sum()) <= 2  # rare: within a few ulps of one of 15 thresholds
     same = ~flipped.any(-1)
     torch.testing.assert_close(got[same], want[same], rtol=1e-3, atol=1e-6)  # fp16 norms one ulp apart at most
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_emulated_lloyd_max_values_are_the_codec_benchmarks_tq3_lmv(d):
+    """stale_probe's ``k4lmv`` values are benchmark/codec's ``tq3-lmv`` values (the variant #17 asks
+    to measure): the same codes and fp16 least-squares scale per token, up to threshold ties; and
+    they reconstruct with less error than TQ3's scale/zero values, as codec.md measured."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "codec"))
+    from methods import _tq3_lloyd_values
+
+    k, v = _kv(1, 3, 256, d, seed=5 * d)
+    k, v = k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous()  # [tokens, heads, d]
+    want = _tq3_lloyd_values(k, v, layer_id=2)[1]
+    rot = LayerRotation(3, d, 2)
+    got = rot.unrotate(MinimaEmulation._lloyd_max_values(SimpleNamespace(head_dim=d), rot.rotate(v)))
+    close = torch.isclose(got, want, rtol=1e-3, atol=1e-5).all(-1)
+    assert float(close.float().mean()) > 0.98, float(close.float().mean())  # a tie moves one token's scale
+    # TQ3's values (scale/zero, 3 + 32/d bits) through real pages, against these (3 + 16/d bits)
+    lay, book = TQ3PageLayout(3, 256, d), tq3_codebook(d)
+    pages = v.permute(1, 0, 2).unsqueeze(0)  # [1, heads, tokens, d]
+    tq3 = to_original_space(decode_pages(encode_pages(pages, pages, lay, rot, book), lay, book)[1], rot)
+    rel = lambda x: float(((x - v) ** 2).sum() / (v**2).sum())  # noqa: E731
+    assert rel(got) < 0.95 * rel(tq3[0].permute(1, 0, 2)), (rel(got), rel(tq3[0].permute(1, 0, 2)))
 
 
 def test_codebook_must_match_the_layout():
