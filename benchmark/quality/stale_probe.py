@@ -47,7 +47,7 @@ from sglang_minima.codec.codebook import key_codebook, tq3_codebook  # noqa: E40
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize  # noqa: E402
 from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
-from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space  # noqa: E402
+from sglang_minima.codec.tq3 import decode_pages, encode_pages, quantize_keys, to_original_space  # noqa: E402
 from sglang_minima.models import default_model_dir  # noqa: E402
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
@@ -152,9 +152,8 @@ class MinimaEmulation:
         """Rotated values through the codec benchmark's ``tq3-lmv`` code: 3-bit Lloyd-Max codes of the
         vector scaled to norm sqrt(d) (as keys), and one fp16 scale per token, the least-squares
         ``<v, c> / |c|^2`` for those codes (benchmark/codec/methods.py ``_tq3_lloyd_values``)."""
-        book = key_codebook(self.head_dim, 3).to(v_rot.device)
-        norm = v_rot.norm(dim=-1, keepdim=True)
-        c = book.centroids[torch.bucketize(v_rot * (self.head_dim**0.5 / norm.clamp_min(1e-30)), book.thresholds)]
+        book = key_codebook(self.head_dim, 3)
+        c = book.centroids.to(v_rot.device)[quantize_keys(v_rot, book)[0].long()]  # the codec's key codes
         scale = ((v_rot * c).sum(-1, keepdim=True) / (c * c).sum(-1, keepdim=True).clamp_min(1e-30))
         return scale.to(torch.float16).to(torch.float32) * c
 

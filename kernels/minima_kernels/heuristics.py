@@ -5,12 +5,13 @@ builds (``tile_config``, ``fp8_tile_config``, ``fused_build_of``), the split cou
 FlashInfer's). The constants were measured on the H200 (docs/results/kernels.md); the SM count is
 an argument, read from the device by ``device_sm_count`` (132 on the H200 the rules were tuned on).
 test/kernels/test_heuristics.py checks them on CPU. The prefill's one rule, the TQ3 tile
-(``prefill_tile_pages``, ``prefill_scratch_bytes``), is here too: the pool's sizing reserves it.
+(``prefill_tq3_kernel``, ``prefill_tile_pages``, ``prefill_scratch_bytes``), is here too: the pool's sizing reserves it.
 """
 
 from dataclasses import dataclass
 
 from sglang_minima.codec.layout import CHUNK_TOKENS, lane_words
+from sglang_minima.codec.rotation import is_power_of_two
 
 from .common import FP8_HEADS_PER_TILE, MAX_SPLITS, TWO_PAGE_STEP_MAX_HEAD_DIM
 from .device_source import fp8_chunk_bytes
@@ -352,6 +353,12 @@ PREFILL_TILE_TOKENS = 16384
 PREFILL_TORCH_TILE_TOKENS = 4096
 """The torch codec's tile (head dims without the kernels' rotation): K and V in fp32 plus their
 bf16 copies, 12 bytes per element."""
+
+
+def prefill_tq3_kernel(device_type: str, head_dim: int) -> bool:
+    """Whether the prefill decodes its TQ3 tiles with the kernel: on CUDA, for head dims with the
+    kernels' Hadamard rotation (a power of two); otherwise with the torch codec."""
+    return device_type == "cuda" and is_power_of_two(head_dim)
 
 
 def prefill_tile_pages(page_size: int, *, kernel: bool, tile_tokens: int | None = None) -> int:

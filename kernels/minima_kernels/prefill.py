@@ -38,13 +38,13 @@ import flashinfer
 import torch
 from sglang_minima.codec.codebook import Codebook
 from sglang_minima.codec.layout import TQ3PageLayout
-from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
+from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.ops.host_copy import to_device
 from sglang_minima.ops.merge import merge_attention_states
 from sglang_minima.ops.paged import Tq3PagedKV, tq3_paged_attention
 from sglang_minima.ops.scratch import note as note_scratch
 
-from .heuristics import prefill_tile_pages
+from .heuristics import prefill_tile_pages, prefill_tq3_kernel
 
 TILE_PLAN_BYTES = 1 << 20
 """A tile wrapper's int workspace (device, and as much pinned host memory): its plan's work lists,
@@ -117,7 +117,7 @@ class MinimaPrefillWrapper:
         # the TQ3 prefix's decoder (``tq3_kernel``, None: where it applies): the kernel, built now
         # rather than inside a forward, or the torch codec
         if tq3_kernel is None:
-            tq3_kernel = workspace.device.type == "cuda" and is_power_of_two(head_dim)
+            tq3_kernel = prefill_tq3_kernel(workspace.device.type, head_dim)
         self._dequant = None
         if tq3_kernel:
             from .convert import PageConversions  # (tilelang: the CPU stand-in tests import this module without it)

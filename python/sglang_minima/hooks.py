@@ -141,11 +141,9 @@ def prefill_scratch_hook(result, configurator, kvc, *args, **kwargs) -> None:
     TQ3 pages to find its tile in the activations' margin)."""
     if not minima_selected() or kvc.use_mla_backend:
         return None
-    server_args = get_server_args()
     parallel = get_parallel()
     reserve = prefill_scratch_reserve(
-        server_args.prefill_attention_backend or server_args.attention_backend,
-        server_args.device,
+        get_server_args(),
         num_kv_heads=kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size),
         head_dim=kvc.model_config.head_dim,
         page_size=kvc.page_size,

@@ -213,7 +213,11 @@ def test_4bit_key_builds_fit_the_shared_memory_of_an_sm(head_dim: int, page_size
 
 
 def test_prefill_tile_and_its_scratch():
-    from minima_kernels.heuristics import prefill_scratch_bytes, prefill_tile_pages
+    from minima_kernels.heuristics import prefill_scratch_bytes, prefill_tile_pages, prefill_tq3_kernel
+
+    # the kernel on CUDA for head dims with the kernels' rotation; the torch codec elsewhere
+    assert prefill_tq3_kernel("cuda", 64) and prefill_tq3_kernel("cuda", 256)
+    assert not prefill_tq3_kernel("cuda", 96) and not prefill_tq3_kernel("cpu", 64)
 
     assert prefill_tile_pages(64, kernel=True) == 256 and prefill_tile_pages(64, kernel=False) == 64
     assert prefill_tile_pages(64, kernel=True, tile_tokens=100) == 1  # whole pages, at least one

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from minima_kernels.heuristics import prefill_scratch_bytes  # pure Python: no tilelang, no GPU
+from minima_kernels.heuristics import prefill_scratch_bytes, prefill_tq3_kernel  # pure Python: no tilelang, no GPU
 
 from sglang_minima.codec.codebook import Codebook, key_codebook
 from sglang_minima.codec.fp8 import fp8_requantize
 from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3_BITS, TQ3PageLayout, head_dim_fits, page_size_fits
-from sglang_minima.codec.rotation import LayerRotation, is_power_of_two
+from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.conversion_stream import ConversionStream, conversion_stream_for
@@ -82,16 +82,18 @@ def minima_cell_size(
     return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
 
-def prefill_scratch_reserve(attention_backend: str | None, device: str, *, num_kv_heads: int, head_dim: int,
-                            page_size: int) -> int:
+def prefill_scratch_reserve(server_args, *, num_kv_heads: int, head_dim: int, page_size: int) -> int:
     """Bytes the pool's sizing sets aside for the extend path's transient scratch: on CUDA with
     ``minima``, one TQ3 tile of K and V decoded for the prefill (``minima_kernels.heuristics``; the
     kernel's tile where the head dim has the kernels' rotation, the torch codec's otherwise), which
     ``sglang:minima_peak_scratch_bytes`` meters. Nothing for ``minima_native``: its torch ops attend
     tiles of a few pages (``ops.paged``), no larger than the activations SGLang leaves room for."""
-    if attention_backend != MINIMA_BACKEND or device != "cuda":
+    # SGLang runs extend batches on the prefill backend where one is set
+    backend = server_args.prefill_attention_backend or server_args.attention_backend
+    if backend != MINIMA_BACKEND or server_args.device != "cuda":
         return 0
-    return prefill_scratch_bytes(num_kv_heads, head_dim, page_size, kernel=is_power_of_two(head_dim))
+    kernel = prefill_tq3_kernel(server_args.device, head_dim)
+    return prefill_scratch_bytes(num_kv_heads, head_dim, page_size, kernel=kernel)
 
 
 @dataclass(frozen=True)

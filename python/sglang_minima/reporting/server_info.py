@@ -19,10 +19,8 @@ def minima_server_info(scheduler) -> dict[str, Any]:
     store = allocator.kv_pool.store
     store.device_routes.fold(store.stats, wait=True)  # every CUDA-graph step's routes, exactly
     shape = store.shape
-    args = scheduler.server_args
     reserve = prefill_scratch_reserve(
-        args.prefill_attention_backend or args.attention_backend, args.device,
-        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size,
+        scheduler.server_args, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, page_size=shape.page_size
     )
     return {
         "active": True,
