@@ -16,7 +16,12 @@ pages TQ3, K and V), ``tq3k`` (Stale keys TQ3, values FP8), ``tq3v`` (Stale valu
 (4-bit Stale keys, values FP8: what k4's 3-bit values cost), ``k4lmv`` (4-bit Stale keys, values coded
 as the codec benchmark's ``tq3-lmv``: rotated, 3-bit Lloyd-Max codes of the normalized vector and one
 fp16 least-squares scale per token, 3 + 16/d bits against TQ3's 3 + 32/d; emulated here only);
-chunk is the prefill chunk size in tokens, or ``all`` for one chunk.
+chunk is the prefill chunk size in tokens, or ``all`` for one chunk. Modifiers after the kv mode, each
+``+``-joined: ``+defer`` (k4 and the others: convert nothing until the prefill has ended, as ``defer``
+does for tq3) and ``+snap<A>`` (observation-window Anchors, the SnapKV rule: when the prefill ends, the
+attention mass of the prompt's last ``--snap-window`` queries, summed over layers and heads, picks the
+``A`` Stale pages that stay FP8 for the rest of the request; pages already converted stay TQ3), e.g.
+``k4+defer+snap4@256``.
 
 Outputs per mode: RULER score on the examples and, for the prompts' last token, the relative
 hidden-state error against ``fp8`` at the same chunking, layer by layer (``--trace``), next to each
@@ -49,7 +54,7 @@ from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, quantize_keys, to_original_space  # noqa: E402
 from sglang_minima.models import default_model_dir  # noqa: E402
-from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
+from sglang_minima.ops.dense import LOG2E, attend, causal_mask  # noqa: E402
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
 
 KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4", "k4k", "k4lmv")
@@ -77,11 +82,47 @@ class Tiers:
         return {p for p in range(self.sink_pages, min(sealed, num_pages - self.recent_pages))}
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One ``--modes`` entry: kv mode, modifiers, prefill chunk (None: one chunk)."""
+
+    kv: str
+    chunk: int | None = None
+    defer: bool = False
+    snap_pages: int = 0
+
+    @classmethod
+    def parse(cls, mode: str) -> "Mode":
+        spec, _, chunk = mode.partition("@")
+        kv, *mods = spec.split("+")
+        if kv not in KV_MODES:
+            raise SystemExit(f"--modes: unknown kv mode {kv!r} in {mode!r} (one of {KV_MODES})")
+        defer, snap = kv == "defer", 0
+        for m in mods:
+            if m == "defer":
+                defer = True
+            elif m.startswith("snap") and m[4:].isdigit() and int(m[4:]) > 0:
+                snap = int(m[4:])
+            else:
+                raise SystemExit(f"--modes: unknown modifier {m!r} in {mode!r} (+defer, +snap<pages>)")
+        if kv == "fp8" and (defer or snap):
+            raise SystemExit(f"--modes: {mode!r}: fp8 converts nothing, modifiers have no effect")
+        return cls(kv, None if chunk in ("", "all") else int(chunk), defer, snap)
+
+
 @dataclass
 class KVState:
     """What the emulated pool holds for the request being run."""
 
     kv_mode: str = "fp8"
+    defer: bool = False
+    snap_pages: int = 0
+    observe: bool = False
+    """The last prefill chunk is running: its last ``snap_window`` queries score the keys."""
+    key_mass: torch.Tensor | None = None
+    """fp32 [tokens]: attention mass of the observation window, summed over layers and heads."""
+    anchors: set[int] | None = None
+    """Pages the observation window kept FP8 (picked once, when the prefill ends)."""
     converted: set[int] = field(default_factory=set)
     tq3_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     trace_local: bool = False
@@ -93,7 +134,8 @@ class KVState:
 
 
 class MinimaEmulation:
-    def __init__(self, model_dir: Path, tiers: Tiers, rotation_seed: int = 0, device: str = "cpu"):
+    def __init__(self, model_dir: Path, tiers: Tiers, rotation_seed: int = 0, device: str = "cpu",
+                 snap_window: int = 64):
         from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
@@ -106,6 +148,7 @@ class MinimaEmulation:
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
         self.tiers = tiers
+        self.snap_window = snap_window
         self.layout = TQ3PageLayout(self.num_kv_heads, tiers.page_size, self.head_dim)
         self.codebook = tq3_codebook(self.head_dim).to(self.device)
         self.rotations = [
@@ -175,7 +218,9 @@ class MinimaEmulation:
                 k_t[rows] = kq
             if st.kv_mode in STALE_VALUES:
                 v_t[rows] = vq
-        out, _ = attend(q, k_t, v_t, scaling, mask)
+        out, lse = attend(q, k_t, v_t, scaling, mask)
+        if st.observe:
+            self._observe(q, k_t, scaling, lse, mask)
         if st.check_ops and st.converted and st.kv_mode in ("tq3", "defer"):
             self._check_ops(layer, q, k8, v8, scaling, out)
         if st.trace_local and st.converted:
@@ -183,6 +228,19 @@ class MinimaEmulation:
             err = float((out[-1] - ref[-1]).norm() / ref[-1].norm())
             st.local_err[layer] = err
         return out.unsqueeze(0).to(query.dtype), None
+
+    def _observe(self, q: torch.Tensor, k: torch.Tensor, scaling: float, lse: torch.Tensor,
+                 mask: torch.Tensor) -> None:
+        """Add the softmax weights of the chunk's last ``snap_window`` queries to ``key_mass`` (the keys
+        as this call read them; ``lse`` is ``attend``'s base-2 log-sum-exp)."""
+        w = min(self.snap_window, q.shape[0])
+        hq, h = q.shape[1], k.shape[1]
+        qg = q[-w:].view(w, h, hq // h, -1)
+        s = torch.einsum("thgd,nhd->thgn", qg, k) * (scaling * LOG2E)
+        p = torch.exp2(s - lse[-w:].view(w, h, hq // h, 1)).masked_fill(~mask[-w:].view(w, 1, 1, -1), 0.0)
+        mass = p.sum(dim=(0, 1, 2))
+        st = self.state
+        st.key_mass = mass if st.key_mass is None else st.key_mass + mass
 
     def _check_ops(self, layer: int, q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scaling: float,
                    want: torch.Tensor) -> None:
@@ -207,36 +265,58 @@ class MinimaEmulation:
 
     # ------------------------------------------------------------------ requests
 
+    def answer_pages(self, prompt: str, outputs: list[str]) -> set[int]:
+        """Pages holding the expected answers' first tokens (where each occurs in the prompt)."""
+        offsets = self.tok(prompt, return_offsets_mapping=True)["offset_mapping"]
+        pages = set()
+        for out in outputs:
+            at = prompt.find(out)
+            if at >= 0:
+                token = next(i for i, (a, b) in enumerate(offsets) if b > at)
+                pages.add(token // self.tiers.page_size)
+        return pages
+
     def _tick(self, allocated: int, prefilling: bool) -> None:
         st = self.state
-        if st.kv_mode == "fp8" or (st.kv_mode == "defer" and prefilling):
+        if st.kv_mode == "fp8" or (st.defer and prefilling):
             return
-        st.converted |= self.tiers.stale_pages(allocated)
+        stale = self.tiers.stale_pages(allocated)
+        if st.snap_pages and st.anchors is None and not prefilling:
+            # the prefill has just ended: the window's heaviest pages among those not yet converted
+            ps = self.tiers.page_size
+            mass = st.key_mass.to("cpu")
+            candidates = sorted(stale - st.converted,
+                                key=lambda pg: -float(mass[pg * ps : (pg + 1) * ps].sum()))
+            st.anchors = set(candidates[: st.snap_pages])
+            st.key_mass = None
+        st.converted |= stale - (st.anchors or set())
 
     @torch.no_grad()
-    def run(self, prompt: str, kv_mode: str, chunk: int | None, max_new_tokens: int,
-            trace: bool = False, check_ops: bool = False) -> tuple[str, list[torch.Tensor], dict[int, float]]:
+    def run(self, prompt: str, mode: Mode | str, max_new_tokens: int, trace: bool = False,
+            check_ops: bool = False) -> tuple[str, list[torch.Tensor], dict[int, float]]:
         """Greedy answer; with ``trace`` also the last prompt token's hidden state per layer and the
         local attention error per layer in the last prefill chunk."""
         from transformers import DynamicCache
 
-        self.state = KVState(kv_mode=kv_mode, check_ops=check_ops)
+        mode = Mode.parse(mode) if isinstance(mode, str) else mode
+        self.state = KVState(kv_mode=mode.kv, defer=mode.defer, snap_pages=mode.snap_pages, check_ops=check_ops)
         ids = self.tok(prompt, return_tensors="pt").input_ids.to(self.device)
         n = ids.shape[1]
-        chunk = chunk or n
+        chunk = mode.chunk or n
         cache = DynamicCache(config=self.model.config)
         hidden: list[torch.Tensor] = []
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
             last = end == n
             self.state.trace_local = trace and last
+            self.state.observe = last and self.state.snap_pages > 0
             out = self.model(ids[:, start:end], past_key_values=cache, use_cache=True,
                              output_hidden_states=trace and last)
             if trace and last:
                 hidden = [h[0, -1].clone() for h in out.hidden_states]
             self._tick(end, prefilling=not last)
         local = dict(self.state.local_err)
-        self.state.trace_local = False
+        self.state.trace_local = self.state.observe = False
         tokens = []
         nxt = out.logits[0, -1].argmax()
         for step in range(max_new_tokens):
@@ -249,13 +329,6 @@ class MinimaEmulation:
         return self.tok.decode(tokens, skip_special_tokens=True), hidden, local
 
 
-def parse_mode(mode: str) -> tuple[str, int | None]:
-    kv, _, chunk = mode.partition("@")
-    if kv not in KV_MODES:
-        raise SystemExit(f"--modes: unknown kv mode {kv!r} (one of {KV_MODES})")
-    return kv, None if chunk in ("", "all") else int(chunk)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery")
@@ -265,6 +338,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--recent-pages", type=int, default=4)
     ap.add_argument("--sink-pages", type=int, default=1)
+    ap.add_argument("--snap-window", type=int, default=64,
+                    help="+snap modes: the prompt's last queries whose attention picks the Anchors")
     ap.add_argument("--check-ops", action="store_true",
                     help="also run the serving op (ops.paged.mixed_paged_attention) on every call that "
                          "reads TQ3 pages and report its largest deviation from the dense reference")
@@ -279,15 +354,18 @@ def main() -> None:
         raise SystemExit("--check-ops: the torch serving op runs on --device cpu only")
     torch.set_num_threads(1)
     tiers = Tiers(recent_pages=args.recent_pages, sink_pages=args.sink_pages)
-    emu = MinimaEmulation(default_model_dir(), tiers, device=args.device)
-    examples: list[Example] = []
+    modes = args.modes.split(",")
+    parsed = {m: Mode.parse(m) for m in modes}  # a bad mode fails before the model loads
+    emu = MinimaEmulation(default_model_dir(), tiers, device=args.device, snap_window=args.snap_window)
+    per_task: list[list[Example]] = []
     for task in args.tasks.split(","):
         if task not in TASKS:
             raise SystemExit(f"--tasks: unknown task {task!r}")
-        examples += generate(task, args.length, args.n, default_model_dir())
-    modes = [m for m in args.modes.split(",")]
-    results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": []}
-                                for m in modes}
+        per_task.append(generate(task, args.length, args.n, default_model_dir()))
+    # round robin over the tasks: a run cut by --time-budget-s covers every task alike
+    examples: list[Example] = [ex for group in zip(*per_task) for ex in group]
+    results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": [],
+                                    "anchors": [], "answer_pages": []} for m in modes}
     t0 = time.time()
     done = []
     for ex in tqdm(examples, desc="examples"):
@@ -296,18 +374,21 @@ def main() -> None:
         done.append(ex)
         hidden_ref: dict[int | None, list[torch.Tensor]] = {}
         for mode in modes:
-            kv, chunk = parse_mode(mode)
-            answer, hidden, local = emu.run(ex.prompt, kv, chunk, args.max_new_tokens, trace=True,
+            m = parsed[mode]
+            answer, hidden, local = emu.run(ex.prompt, m, args.max_new_tokens, trace=True,
                                             check_ops=args.check_ops)
             r = results[mode]
             st = emu.state
             r["ops"].append({"calls": st.ops_calls, "max_abs": st.ops_max_abs, "max_rel": st.ops_max_rel})
             r["scores"].append(string_match_all(answer, ex.outputs))
+            if m.snap_pages:  # did the window keep the answers' pages FP8?
+                r["anchors"].append(sorted(st.anchors or ()))
+                r["answer_pages"].append(sorted(emu.answer_pages(ex.prompt, ex.outputs)))
             r["answers"].append(answer)
             r["local_err"].append([local.get(i, 0.0) for i in range(len(hidden) - 1)])
-            if kv == "fp8":
-                hidden_ref[chunk] = hidden
-            ref = hidden_ref.get(chunk)
+            if m.kv == "fp8":
+                hidden_ref[m.chunk] = hidden
+            ref = hidden_ref.get(m.chunk)
             r["hidden_err"].append(
                 [float((h - g).norm() / g.norm()) for h, g in zip(hidden, ref)] if ref else []
             )
@@ -321,6 +402,9 @@ def main() -> None:
             "hidden_err_by_layer": mean_err,
             "local_attn_err_by_layer": local,
         }
+        if r["anchors"]:
+            kept = [len(set(a) & set(p)) / len(p) for a, p in zip(r["anchors"], r["answer_pages"]) if p]
+            summary[mode]["answer_pages_kept"] = sum(kept) / len(kept) if kept else math.nan
         ops = [o for o in r["ops"] if o["calls"]]
         summary[mode]["ops_check"] = {
             "calls": sum(o["calls"] for o in ops),
@@ -330,7 +414,9 @@ def main() -> None:
         print(f"{mode:>10}: RULER {summary[mode]['score']:6.2f} over {len(r['scores'])} examples"
               + (f"; serving op vs dense reference over {summary[mode]['ops_check']['calls']} attention calls: "
                  f"max |diff| {summary[mode]['ops_check']['max_abs']:.2e} "
-                 f"(rel. {summary[mode]['ops_check']['max_rel']:.2e})" if ops else ""))
+                 f"(rel. {summary[mode]['ops_check']['max_rel']:.2e})" if ops else "")
+              + (f"; answer pages kept FP8 by the window: {summary[mode]['answer_pages_kept']:.0%}"
+                 if "answer_pages_kept" in summary[mode] else ""))
     print("\nlayer  " + "  ".join(f"{m:>16}" for m in modes))
     nl = len(next(iter(summary.values()))["local_attn_err_by_layer"])
     for layer in range(nl):

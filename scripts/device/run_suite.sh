@@ -20,6 +20,8 @@
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
+#     NIAH_PORT (env): the first arm's port (default 31800; +20 per arm): two niah runs at once, each
+#     with its own OUT, WORK and NIAH_PORT
 #   bash scripts/device/run_suite.sh ppl [BUDGET_S]         # benchmark/quality/perplexity.py: NLL and greedy agreement
 #     PPL_ARMS (env): the arms, side by side (default bf16,fp8,minima-nostale,minima-k4; reference fp8)
 #     PPL_ARGS (env): its flags (default: 32 essay windows of 7,168 tokens, 256-token chunks, 512 generated)
@@ -164,7 +166,7 @@ niah)
   left=$((budget - (SECONDS - t0)))
   # each stops starting groups 60 s before the budget (its server's stop)
   # ($nargs: niah.py's flags, split into words)
-  arms_side_by_side benchmark/quality/niah.py niah 31800 --out "$WORK/niah" --time-budget-s $((left - 60)) $nargs
+  arms_side_by_side benchmark/quality/niah.py niah "${NIAH_PORT:-31800}" --out "$WORK/niah" --time-budget-s $((left - 60)) $nargs
   python3 benchmark/quality/niah.py --report-only --out "$WORK/niah" --arms "$arms" --reference "$ref" $nargs \
     > "$WORK/niah-report.log" 2>&1
   cp "$WORK"/niah/niah.{json,md,png} "$WORK"/niah/niah_frontier.png "$OUT"/ 2>/dev/null
