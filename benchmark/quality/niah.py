@@ -108,6 +108,7 @@ class ArmSpec:
 
 
 K3 = ("--minima-key-bits", "3")
+WINDOW4 = ("--minima-anchor-pages", "4", "--minima-anchor-window", "64")
 ARMS: dict[str, ArmSpec] = {
     a.name: a
     for a in (
@@ -127,6 +128,11 @@ ARMS: dict[str, ArmSpec] = {
         *(ArmSpec(f"minima-k4-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
           for n in (8, 16)),
         ArmSpec("minima-k4-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
+        # observation-window Anchors: the 4 pages a prompt's last 64 tokens attend most stay hot (with
+        # the deferred conversion, chosen among all of a chunked prompt's pages)
+        ArmSpec("minima-k4-window4", "sglang_minima.launch_server", WINDOW4),
+        ArmSpec("minima-k4-defer-window4", "sglang_minima.launch_server",
+                (*WINDOW4, "--minima-defer-prefill-conversion")),
         # the torch path over the same FP8 pages: tells Minima's kernels' numerics from its page handling
         ArmSpec("minima-native-nostale", "sglang_minima.launch_server",
                 ("--attention-backend", "minima_native", "--minima-disable-stale")),

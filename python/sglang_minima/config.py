@@ -72,6 +72,12 @@ class MinimaConfig:
     score_ewma: float = _option(
         0.9, "EWMA decay of the per-page attention score."
     )
+    anchor_window: int = _option(
+        0,
+        "Fill the Anchor budget once, when a request's prefill ends, with the pages its last N prompt tokens "
+        "attend most (an observation window: a prompt's closing question points at what the answer needs); "
+        "they stay hot for the request's life. 0: off.",
+    )
     rotation_seed: int = _option(
         0, "Seed of the randomized Hadamard rotations (one per layer and KV head)."
     )
@@ -83,7 +89,7 @@ class MinimaConfig:
 
     def __post_init__(self) -> None:
         for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "tick_min_new_pages",
-                     "rotation_seed"):
+                     "rotation_seed", "anchor_window"):
             value, top = getattr(self, name), MAX_SEED if name == "rotation_seed" else MAX_PAGES
             if not 0 <= value <= top:
                 raise ValueError(f"{flag_name(name)} must be in [0, {top}], got {value}")
@@ -103,6 +109,12 @@ class MinimaConfig:
             raise ValueError(f"{flag_name('hot_dtype')} must be one of {HOT_DTYPES}, got {self.hot_dtype!r}")
         if not 0.0 <= self.score_ewma < 1.0:
             raise ValueError(f"{flag_name('score_ewma')} must be in [0, 1), got {self.score_ewma}")
+        if self.anchor_window > 0 and self.anchor_pages == 0:
+            raise ValueError(f"{flag_name('anchor_window')} {self.anchor_window} fills the Anchor budget: give "
+                             f"{flag_name('anchor_pages')} > 0")
+        if self.anchor_window > 0 and self.attention_score_anchors:
+            raise ValueError(f"{flag_name('anchor_window')} and {flag_name('attention_score_anchors')} both fill the "
+                             "Anchor budget: give one")
         if type(self.key_bits) is not int or self.key_bits not in KEY_BITS:
             raise ValueError(
                 f"{flag_name('key_bits')} must be one of {', '.join(map(str, KEY_BITS))}, got {self.key_bits!r}"

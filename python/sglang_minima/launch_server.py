@@ -7,7 +7,8 @@ Unless the user chose otherwise, Minima's attention and radix-cache backends are
 default model (SmolLM2-135M-Instruct) is served. The attention backend is ``minima`` on CUDA (decode
 through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
-``--minima-attention-score-anchors``) selects ``minima_native``, and is refused with
+``--minima-attention-score-anchors``; the observation window's page mass: ``--minima-anchor-window``)
+selects ``minima_native``, and is refused with
 ``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
 inside the graph); extend batches are planned on the host, so prefill graphs are off by default and
 whole-forward ones (``full``) are refused. ``--cuda-graph-backend-prefill breakable`` is accepted
@@ -178,6 +179,8 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append(f"--minima-hot-dtype {config.hot_dtype} (the kernels read FP8 hot pages)")
     if config.attention_score_anchors:
         limits.append("--minima-attention-score-anchors (the kernels collect no page scores)")
+    if config.anchor_window:
+        limits.append("--minima-anchor-window (the kernels collect no page mass)")
     return limits
 
 

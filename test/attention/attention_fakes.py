@@ -44,6 +44,7 @@ class FakeMinimaPool:
     scales: tuple[float, float] = (0.5, 0.25)
     rotation_seed: int = 0
     score_anchors: bool = False
+    anchor_window: int = 0
     start_layer: int = 0
     key_bits: int = 3
     layout: TQ3PageLayout = field(init=False)
@@ -52,12 +53,15 @@ class FakeMinimaPool:
     stats: MinimaStats = field(init=False, default_factory=MinimaStats)
     reads: list[torch.Tensor] = field(init=False, default_factory=list)
     page_scores: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
+    window_masses: list[tuple[torch.Tensor, torch.Tensor, dict[int, int]]] = field(init=False, default_factory=list)
     minima_config: MinimaConfig = field(init=False)
 
     def __post_init__(self) -> None:
         h, d, ps = self.num_kv_heads, self.head_dim, self.page_size
         self.layout = TQ3PageLayout(h, ps, d, self.key_bits)
-        self.minima_config = MinimaConfig(attention_score_anchors=self.score_anchors, key_bits=self.key_bits)
+        self.minima_config = MinimaConfig(attention_score_anchors=self.score_anchors, key_bits=self.key_bits,
+                                          anchor_window=self.anchor_window,
+                                          anchor_pages=4 if self.anchor_window else 0)
         self.page_table = FakePageTable(
             torch.zeros(self.num_logical_pages, dtype=torch.int8),
             torch.zeros(self.num_logical_pages, dtype=torch.int32),
@@ -119,6 +123,9 @@ class FakeMinimaPool:
 
     def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor) -> None:
         self.page_scores.append((logical_pages, mass))
+
+    def note_window_mass(self, logical_pages: torch.Tensor, mass: torch.Tensor, ends: dict[int, int]) -> None:
+        self.window_masses.append((logical_pages, mass, ends))
 
     def note_scratch_bytes(self, nbytes: int) -> None:
         self.stats.note_scratch_bytes(nbytes)

@@ -56,10 +56,12 @@ class Harness:
         self._gen = torch.Generator().manual_seed(0)
 
     @classmethod
-    def fake(cls, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, key_bits: int = 3) -> Harness:
+    def fake(cls, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, key_bits: int = 3,
+             anchor_window: int = 0) -> Harness:
         pool = FakeMinimaPool(
             num_layers=LAYERS, num_kv_heads=HKV, head_dim=D, page_size=PS, num_logical_pages=64,
             num_hot_pages=40, num_tq3_pages=40, score_anchors=score_anchors, key_bits=key_bits,
+            anchor_window=anchor_window,
             hot_dtype=torch.float32 if hot_dtype == "auto" else hot_dtype,
         )
         # Logical pages handed out in a scrambled order, so logical and physical ids differ.
@@ -147,9 +149,10 @@ class Harness:
         v = torch.randn(t, HKV, D, generator=self._gen)
         return q.to(self.device), k.to(self.device), v.to(self.device)
 
-    def step(self, new_tokens: dict[int, int], mode: ForwardMode) -> dict[int, torch.Tensor]:
+    def step(self, new_tokens: dict[int, int], mode: ForwardMode, window: int = 0) -> dict[int, torch.Tensor]:
         """One forward over {row: new tokens}, every layer checked against the reference; returns
-        each row's reference attention mass per page (position order), summed over layers."""
+        each row's reference attention mass per page (position order), summed over layers (with
+        ``window``, of its last ``window`` queries only)."""
         fb = self.batch(new_tokens, mode)
         self.backend.init_forward_metadata(fb)
         t = int(fb.out_cache_loc.numel())
@@ -165,6 +168,10 @@ class Harness:
                     self.req_to_token[r, : self.lens[r]], layer.scaling,
                 )
                 torch.testing.assert_close(o[start : start + n].view(n, HQ, D), want, atol=ATOL, rtol=1e-4)
+                if window and window < n:  # the window's queries sit at the request's last positions
+                    w = q[start + n - window : start + n].view(window, HQ, D)
+                    _, key_mass = reference_attention(self.pool, self.pool_layer[layer.layer_id], w,
+                                                      self.req_to_token[r, : self.lens[r]], layer.scaling)
                 page_mass[r].index_add_(0, torch.arange(self.lens[r]) // PS, key_mass.cpu())
                 start += n
         return page_mass
@@ -322,6 +329,22 @@ def test_page_attention_mass_for_score_anchors():
         # Every query row's weights sum to one, in every layer.
         assert float(mass.sum()) == pytest.approx(LAYERS * HQ * sum(new.values()), rel=1e-5)
     assert len(h.pool.page_scores) == 3  # once per step
+
+
+def test_window_mass_is_the_last_queries_of_each_request_in_extend_steps_only():
+    window = 5
+    h = Harness.fake(anchor_window=window)
+    h.step({0: 3 * PS + 2, 1: 2 * PS + 1}, ForwardMode.EXTEND, window=window)
+    h.retier_prefix(0, 2, skip_first=1)  # the window reads TQ3 pages too
+    # a chunk shorter than the window (row 1: 3 queries) gives all of its queries
+    want = h.step({0: PS + 1, 1: 3}, ForwardMode.EXTEND, window=window)
+    pages, mass, ends = h.pool.window_masses[-1]
+    assert torch.equal(pages, h.backend.forward_metadata.logical_pages)
+    assert ends == {0: 4 * PS + 3, 1: 2 * PS + 4}  # each request's length after the step, by its row
+    torch.testing.assert_close(mass, torch.cat([want[0], want[1]]), atol=1e-4, rtol=1e-4)
+    assert float(mass.sum()) == pytest.approx(LAYERS * HQ * (window + 3), rel=1e-5)
+    h.step({0: 1, 1: 1}, ForwardMode.DECODE)
+    assert len(h.pool.window_masses) == 2 and not h.pool.page_scores  # decode steps collect nothing
 
 
 def test_needs_the_minima_pool():

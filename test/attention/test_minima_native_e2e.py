@@ -121,3 +121,18 @@ def test_stale_pages_are_attended(tiny_model, tmp_path):
           f"common prefix per prompt: {prefix}; route tq3 pages/tokens "
           f"{stats['route_tq3_pages']}/{stats['route_tq3_tokens']}, hot pages/tokens "
           f"{stats['route_hot_pages']}/{stats['route_hot_tokens']}")
+
+
+def test_observation_window_pins_anchors_when_prefills_end(tiny_model, tmp_path):
+    """--minima-anchor-window in a real server: each long prompt's last queries pick the pages kept
+    hot once its chunked prefill ends (deferred conversion: no page converts before), the rest
+    converts, and generation completes on the torch path without fallback."""
+    batches = _batches()
+    tokens, stats = _serve(["--model-path", str(tiny_model), *COMMON, "--minima-recent-pages", "1",
+                            "--minima-sink-pages", "1", "--minima-anchor-pages", "2", "--minima-anchor-window", "32",
+                            "--minima-defer-prefill-conversion"], tmp_path / "window.log", batches)
+    assert [len(t) for t in tokens] == [NEW_TOKENS] * sum(map(len, batches))
+    _assert_direct_path(stats)
+    # the three long prompts (~20-25 pages of 16 tokens each) pin two pages each; later requests may add more
+    assert stats["window_anchor_pages"] >= 2 * len(_long_prompts())
+    assert stats["retier"]["pages"] > 0 and stats["route_tq3_pages"] > 0

@@ -79,6 +79,57 @@ def test_disable_stale_never_converts():
     assert not ctl.reserve_hot(store.shape.num_hot_pages + 1)
 
 
+def test_the_observation_window_pins_anchors_once_the_prefill_ends_and_keeps_them():
+    store = make_store(num_logical=20, num_hot=10)
+    config = MinimaConfig(recent_pages=1, sink_pages=1, anchor_pages=2, anchor_window=64,
+                          defer_prefill_conversion=True)
+    ctl = LifecycleController(store, config)
+    seq = _request(store, [1, 2, 3, 4, 5, 6])
+    ctl.tick([seq], [True], requests=["a"])  # in prefill: nothing pinned, nothing converted (deferred)
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT] * 6
+    # the window of the chunk that ends the prefill: page 4 most, then page 2; page 3 none;
+    # page 1 (the sink) and page 6 (Recent) are never picked, whatever their mass
+    store.note_window_mass(seq, torch.tensor([9.0, 2.0, 0.0, 5.0, 1.0, 9.0]), {})
+    # allocated past the prompt, but its window's forward not launched yet (the overlap scheduler): wait
+    ctl.tick([seq], [False], requests=["a"], window_ready=[False])
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT] * 6 and store.stats.window_anchor_pages == 0
+    ctl.tick([seq], [False], requests=["a"], window_ready=[True])
+    assert store.page_table.tier[seq].tolist() == [TIER_ANCHOR, TIER_ANCHOR, TIER_STALE, TIER_ANCHOR, TIER_STALE,
+                                                   TIER_RECENT]
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_HOT, FMT_TQ3, FMT_HOT, FMT_TQ3, FMT_HOT]
+    assert store.stats.window_anchor_pages == 2
+    # a later window (a decode step, another chunk) does not move them: picked once per request
+    store.note_window_mass(seq, torch.tensor([0.0, 0.0, 0.0, 0.0, 7.0, 0.0]), {})
+    ctl.tick([seq], [False], requests=["a"])
+    assert store.page_table.tier[seq].tolist()[:5] == [TIER_ANCHOR, TIER_ANCHOR, TIER_STALE, TIER_ANCHOR, TIER_STALE]
+    # released: its pins go with it
+    assert not ctl.window_pins([], [], []).any()
+
+
+def test_the_observation_window_never_picks_a_page_already_tq3():
+    store = make_store(num_logical=20, num_hot=10)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, anchor_window=64))
+    seq = _request(store, [1, 2, 3])
+    ctl.tick([seq], [True], requests=["a"])  # no deferral: the first chunk's Stale pages 1-2 convert
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT]
+    store.drain_quarantine()
+    more = _request(store, [4, 5])
+    seq = torch.cat([seq, more])
+    store.note_window_mass(seq, torch.tensor([9.0, 9.0, 1.0, 2.0, 0.0]), {})  # the TQ3 pages attended most
+    ctl.tick([seq], [False], requests=["a"])
+    # the window's heaviest hot page (4) is pinned, pages 1-2 stay TQ3 (no promotion), page 3 converts
+    assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
+    assert store.stats.promote.pages == 0
+    assert store.stats.window_anchor_pages == 1  # page 5 is Recent, page 3 had the window's least mass
+
+
+def test_window_pins_need_one_identity_per_request():
+    ctl = LifecycleController(make_store(num_logical=8, num_hot=8),
+                              MinimaConfig(anchor_pages=1, anchor_window=16))
+    with pytest.raises(ValueError, match="request ids"):
+        ctl.window_pins([torch.tensor([1, 2])], [False], [])
+
+
 def _anchor_on_page_1(num_hot: int):
     """One request of pages 1-4, one Recent page and one score Anchor (page 1) after a tick: pages 2-3 TQ3."""
     store = make_store(num_logical=16, num_hot=num_hot)

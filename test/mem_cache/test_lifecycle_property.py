@@ -57,8 +57,9 @@ class Lifecycle(RuleBasedStateMachine):
     ticks_deferred = 0  # steps LifecycleController.due let wait for new pages (--minima-tick-min-new-pages)
     attention_every = 1  # the soak checks attention every N operations; the ownership invariants always
 
-    @initialize(anchors=st.integers(0, 3), scores=st.booleans(), hold=st.booleans(), tick_pages=st.sampled_from([1, 3]))
-    def setup(self, anchors, scores, hold=False, tick_pages=1):
+    @initialize(anchors=st.integers(0, 3), fill=st.sampled_from(["age", "score", "window"]), hold=st.booleans(),
+                tick_pages=st.sampled_from([1, 3]))
+    def setup(self, anchors, fill, hold=False, tick_pages=1):
         self.stream = HeldConversionStream(hold)  # hold: conversions stay pending until copies_finish
         self.store = make_store(NUM_LOGICAL, NUM_HOT, stream=self.stream)
         # Forwards in flight, by the (format, physical page, logical page) they read: those planned
@@ -74,8 +75,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.store.drain_quarantine = drain_after_sync
         self.ctl = LifecycleController(
             self.store,
-            MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=anchors, attention_score_anchors=scores,
-                       retier_batch_pages=3, tick_min_new_pages=tick_pages),
+            MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=anchors, attention_score_anchors=fill == "score",
+                         anchor_window=PS if fill == "window" and anchors else 0,
+                         retier_batch_pages=3, tick_min_new_pages=tick_pages),
         )
         self.free_logical = list(range(1, NUM_LOGICAL + 1))
         self.reqs: dict[int, Request] = {}
@@ -163,10 +165,11 @@ class Lifecycle(RuleBasedStateMachine):
             # The skip is sound: a tick now would change no page's tier, format or mapping.
             type(self).ticks_skipped += 1
             before = self._lifecycle_state()
-            self.ctl.tick(sequences)
+            self.ctl.tick(sequences, requests=list(self.reqs))
             assert self._lifecycle_state() == before
         elif self.ctl.due(members, sum(counts)):  # with tick_min_new_pages > 1 some steps wait (no check:
-            self.ctl.tick(sequences, key=key)    # they skip real work; the invariants below must hold anyway)
+            self.ctl.tick(sequences, key=key, requests=list(self.reqs))  # (they skip real work; the invariants
+            # below must hold anyway)
             self.ctl.ticked(members, sum(counts))
         else:
             type(self).ticks_deferred += 1
@@ -188,6 +191,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.reads_now += [(int(pt.fmt[p]), int(pt.phys[p]), int(p)) for p in pages]
         self.store.note_read(pages)
         self.store.note_page_scores(pages, torch.rand(pages.numel(), generator=self.gen), decay=0.5)
+        self.store.note_window_mass(pages, torch.rand(pages.numel(), generator=self.gen), {})
 
     @precondition(lambda self: bool(self.reqs))
     @rule(data=st.data())
@@ -348,7 +352,7 @@ def test_the_machine_skips_ticks_it_checks():
     """The soundness check above has something to check: a short deterministic run skips ticks."""
     Lifecycle.ticks_skipped = 0
     machine = Lifecycle()
-    machine.setup(anchors=0, scores=False, hold=False)
+    machine.setup(anchors=0, fill="age", hold=False)
     machine.new_request(2 * PS)
     for _ in range(3):
         machine.step()  # the first tick retiers what it can, the next ones find nothing to do
@@ -361,7 +365,7 @@ def test_the_machine_defers_ticks_for_new_pages():
     wait, and the pages still convert once enough are added."""
     Lifecycle.ticks_deferred = 0
     machine = Lifecycle()
-    machine.setup(anchors=0, scores=False, hold=False, tick_pages=3)
+    machine.setup(anchors=0, fill="age", hold=False, tick_pages=3)
     machine.new_request(2 * PS)
     machine.step()  # the first tick
     req = machine.reqs[0]
@@ -381,7 +385,7 @@ def test_the_machine_holds_conversions_across_steps():
     """The pending path has something to check: conversions stay pending over steps until the copies
     finish, and the tick after that publishes them."""
     machine = Lifecycle()
-    machine.setup(anchors=0, scores=False, hold=True)
+    machine.setup(anchors=0, fill="age", hold=True)
     machine.new_request(5 * PS)  # a sink page, two Stale pages, two Recent ones
     machine.step()  # launches the conversion of the Stale pages
     for _ in range(2):

@@ -40,6 +40,10 @@ def test_parse_builds_validated_config():
     (["--minima-key-bits", "5"], "--minima-key-bits"),
     (["--minima-key-bits", "2"], "--minima-key-bits"),
     (["--minima-key-bits", "four"], "--minima-key-bits"),
+    (["--minima-anchor-window", "-1"], "--minima-anchor-window"),
+    (["--minima-anchor-window", "64"], "--minima-anchor-pages"),  # a window with no Anchor budget to fill
+    (["--minima-anchor-window", "64", "--minima-anchor-pages", "4", "--minima-attention-score-anchors"],
+     "--minima-attention-score-anchors"),
 ])
 def test_bad_values_name_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -4,7 +4,9 @@ Per live request (its logical pages in sequence order):
 - Recent: the last ``recent_pages`` pages (the page being written is always one of them);
 - Anchor: the first ``sink_pages`` pages (attention sinks), pages of a shared prefix (held by two
   or more live requests, e.g. a system prompt: paid for once), and a budget of ``anchor_pages``
-  more pages filled by score: the EWMA attention mass when ``attention_score_anchors`` is on,
+  more pages filled by score: the EWMA attention mass when ``attention_score_anchors`` is on, the
+  observation window with ``anchor_window`` (picked once, at the first tick after the request's
+  prefill ended: the hot pages its prompt's last queries attended most, kept for its life),
   otherwise recency (the pages just before the Recent window);
 - Stale: the rest.
 A page held by several requests takes its highest tier. A page held by no live request (a cached
@@ -36,6 +38,9 @@ class LifecycleController:
         self._settled: tuple | None = None  # (caller's key, store state) after a tick that found nothing to do
         self._ticked: tuple | None = None  # (live requests, their pages) at the last tick that ran
         self._backlog = False  # the last tick filled a conversion batch: more may be waiting
+        # anchor_window: per live request (its identity), its pinned pages and which of them count
+        self._window_anchors: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._new_pins: list[torch.Tensor] = []  # this tick's picks, counted in the tick's one device read
 
     def settled(self, key: Hashable) -> bool:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
@@ -69,8 +74,9 @@ class LifecycleController:
         store = self.store
         return store.version, store.hot_pool.num_free, store.tq3_pool.num_free
 
-    def classify(self, sequences: Sequence[torch.Tensor]) -> torch.Tensor:
-        """int8 [num_logical_pages + 1]: the tier of every logical page (TIER_NONE if no live request holds it)."""
+    def classify(self, sequences: Sequence[torch.Tensor], pinned: torch.Tensor | None = None) -> torch.Tensor:
+        """int8 [num_logical_pages + 1]: the tier of every logical page (TIER_NONE if no live request holds it).
+        ``pinned`` (bool, by logical page): Anchors of the observation window (``window_pins``)."""
         pt = self.store.page_table
         labels = torch.full_like(pt.tier, TIER_NONE)
         sequences = [s for s in sequences if s.numel() > 0]
@@ -89,8 +95,10 @@ class LifecycleController:
         holders = torch.zeros(pt.tier.numel(), dtype=torch.int32, device=device)  # (bincount reads its max)
         shared = holders.index_add_(0, pages, torch.ones_like(pages, dtype=torch.int32))[pages] > 1
         anchor = (idx < p.sink_pages) | shared
+        if pinned is not None:
+            anchor |= pinned[pages]
         tier = torch.where(recent, TIER_RECENT, torch.where(anchor, TIER_ANCHOR, TIER_STALE))
-        if p.anchor_pages > 0:
+        if p.anchor_pages > 0 and pinned is None:
             key = pt.score[pages] if p.attention_score_anchors else idx.to(torch.float32)
             candidate = tier == TIER_STALE
             key = torch.where(candidate, key, torch.full_like(key, float("-inf")))
@@ -102,39 +110,84 @@ class LifecycleController:
         labels.scatter_reduce_(0, pages, tier.to(labels.dtype), reduce="amax")
         return labels
 
-    def tick(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool] = (), key: Hashable = None) -> None:
+    def tick(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool] = (), key: Hashable = None,
+             requests: Sequence[Hashable] = (), window_ready: Sequence[bool] = ()) -> None:
         """Between steps: classify, retier one batch, promote what fits beside the decode reserve.
 
         ``prefilling[i]`` is True while request i's prefill has not ended (chunked prefill); with
         ``defer_prefill_conversion`` its pages are not converted here (``reserve_hot`` still may).
+        ``requests[i]`` identifies request i and ``window_ready[i]`` says a window of its reached its
+        prompt's end (``anchor_window``: its pinned Anchors; default: every request's has).
         With a ``key`` (see ``settled``), a tick that finds nothing to do records it.
         """
         store, pt, p = self.store, self.store.page_table, self.config
         self._settled = None
         store.stats.lifecycle_ticks += 1
         store.publish_conversions()  # those whose copy is done (no wait)
-        pt.tier.copy_(self.classify(sequences))
+        pinned = self.window_pins(sequences, prefilling, requests, window_ready) if p.anchor_window else None
+        pt.tier.copy_(self.classify(sequences, pinned))
         if p.disable_stale:
+            self._new_pins = []  # nothing converts: the pins change nothing to count
             self._settle(key)
             return
         stale = (pt.tier == TIER_STALE) & pt.mapped & (pt.fmt == FMT_HOT)
-        if p.defer_prefill_conversion:
-            for seq, in_prefill in zip(sequences, prefilling):
-                if in_prefill:
-                    stale[seq.to(device=stale.device, dtype=torch.int64)] = False
+        # Pages that must stay hot this tick: a request still in prefill (deferred conversion), and
+        # one whose prefill ended but whose window has not reached its prompt's end yet (its Anchors
+        # are picked at a later tick: nothing of it converts before).
+        ready = list(window_ready) or [True] * len(sequences)
+        for seq, in_prefill, seen in zip(sequences, list(prefilling) or [False] * len(sequences), ready):
+            if (p.defer_prefill_conversion and in_prefill) or (p.anchor_window and not in_prefill and not seen):
+                stale[seq.to(device=stale.device, dtype=torch.int64)] = False
         sealed = pt.sealed
         converted = store.retier(self._order(stale & sealed, demote=True)[: p.retier_batch_pages])
         self._backlog = converted >= p.retier_batch_pages
         spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
         wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)
-        # One device read for both: TQ3 pages to promote, Stale pages a forward is still filling.
-        any_wanted, any_unsealed = torch.stack([wanted.any(), (stale & ~sealed).any()]).tolist()
+        # One device read for all: TQ3 pages to promote, Stale pages a forward is still filling, new pins.
+        pins = [keep.sum() for keep in self._new_pins]
+        self._new_pins = []
+        any_wanted, any_unsealed, *pinned_now = torch.stack(
+            [wanted.any().long(), (stale & ~sealed).any().long(), *pins]).tolist()
+        any_wanted, any_unsealed = bool(any_wanted), bool(any_unsealed)
+        store.stats.window_anchor_pages += sum(pinned_now)
         promoted = 0
         if spare > 0 and any_wanted:
             promoted = store.promote(self._order(wanted, demote=False)[: min(spare, p.retier_batch_pages)])
             self._backlog |= promoted >= p.retier_batch_pages
         if converted == 0 and promoted == 0 and not any_unsealed and not (spare > 0 and any_wanted):
             self._settle(key)
+
+    def window_pins(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool],
+                    requests: Sequence[Hashable], window_ready: Sequence[bool] = ()) -> torch.Tensor:
+        """bool [num_logical_pages + 1]: the live requests' observation-window Anchors. A request whose
+        prefill has ended, whose window has reached its prompt's end and that has none yet gets them now: up to ``anchor_pages`` of its hot pages
+        outside the sinks and the Recent window, by the mass its last window put on them
+        (``note_window_mass``: the extend that ended its prefill), pages with none left out; pages
+        already TQ3 are not picked (promoting one would not undo its rounding). Fixed-shape device ops:
+        no host read."""
+        pt, p = self.store.page_table, self.config
+        if len(requests) != len(sequences):
+            raise ValueError(f"anchor_window: {len(sequences)} sequences but {len(requests)} request ids")
+        live = set(requests)
+        for rid in [r for r in self._window_anchors if r not in live]:
+            del self._window_anchors[rid]  # released (or retracted): its pins go with it
+        in_prefill = list(prefilling) or [False] * len(sequences)
+        ready = list(window_ready) or [True] * len(sequences)
+        for rid, seq, busy, seen in zip(requests, sequences, in_prefill, ready):
+            if busy or not seen or rid in self._window_anchors or seq.numel() == 0:
+                continue
+            seq = seq.to(device=pt.tier.device, dtype=torch.int64)
+            n = seq.numel()
+            idx = torch.arange(n, device=seq.device)
+            mass = pt.window_mass[seq]
+            candidate = (idx >= p.sink_pages) & (idx < n - p.recent_pages) & (pt.fmt[seq] == FMT_HOT) & (mass > 0)
+            top = torch.topk(torch.where(candidate, mass, torch.full_like(mass, -1.0)), min(p.anchor_pages, n)).indices
+            self._window_anchors[rid] = (seq[top], candidate[top])
+            self._new_pins.append(candidate[top])
+        counts = torch.zeros(pt.tier.numel(), dtype=torch.int32, device=pt.tier.device)
+        for pages, keep in self._window_anchors.values():
+            counts.index_add_(0, pages, keep.to(torch.int32))
+        return counts > 0
 
     def _settle(self, key: Hashable) -> None:
         # Attention-score anchors move every step: such a tick is never known to be idle.

@@ -20,6 +20,8 @@ Read interface for attention backends (stable):
 - ``note_read(logical_pages, hot_tokens=, tq3_tokens=)`` once per forward with every page it reads
   (holds them until the forward is done, counts routes); ``note_page_scores(logical_pages, mass)``
   once per step with each page's attention mass summed over layers, heads and queries;
+  ``note_window_mass(logical_pages, mass, ends)`` likewise for the last queries of each request in an
+  extend step (``anchor_window``), with each request's sequence length after it by ``req_pool_idx``;
   ``note_fallback()`` once per decode step the GPU kernels hand to the torch path;
   ``note_scratch_bytes(n)`` with the scratch high-water mark of an attention call (ops.scratch)
 """
@@ -208,6 +210,9 @@ class MinimaKVPool(MHATokenToKVPool):
 
     def note_page_scores(self, logical_pages: torch.Tensor, mass: torch.Tensor) -> None:
         self.store.note_page_scores(logical_pages, mass, self.minima_config.score_ewma)
+
+    def note_window_mass(self, logical_pages: torch.Tensor, mass: torch.Tensor, ends: dict[int, int]) -> None:
+        self.store.note_window_mass(logical_pages, mass, ends)
 
     def note_fallback(self, n: int = 1) -> None:
         self.store.stats.fallbacks += n

@@ -31,7 +31,8 @@ class PageTable:
     ``fmt`` / ``phys`` are the read interface of attention backends. The rest is lifecycle state:
     ``fill`` (tokens written; a page with ``fill == page_size`` is sealed: full and immutable),
     ``tier`` (the controller's last classification), ``birth`` (the step the page was mapped, for
-    age order) and ``score`` (EWMA of the page's globally normalized attention mass).
+    age order), ``score`` (EWMA of the page's globally normalized attention mass) and ``window_mass``
+    (the attention mass of the last observation window that read the page: ``anchor_window``).
     """
 
     def __init__(self, num_logical_pages: int, page_size: int, device: torch.device | str = "cpu"):
@@ -44,6 +45,7 @@ class PageTable:
         self.tier = torch.zeros(n, dtype=torch.int8, device=device)
         self.birth = torch.zeros(n, dtype=torch.int64, device=device)
         self.score = torch.zeros(n, dtype=torch.float32, device=device)
+        self.window_mass = torch.zeros(n, dtype=torch.float32, device=device)
 
     @property
     def mapped(self) -> torch.Tensor:
@@ -63,6 +65,7 @@ class PageTable:
         self.tier[pages] = TIER_RECENT
         self.birth[pages] = step
         self.score[pages] = 0.0
+        self.window_mass[pages] = 0.0
 
     def publish(self, pages: torch.Tensor, fmt: int, phys: torch.Tensor) -> None:
         """Point already-mapped logical pages at a new (format, physical page): one conversion's commit."""
@@ -75,6 +78,7 @@ class PageTable:
         self.fill[pages] = 0
         self.tier[pages] = TIER_NONE
         self.score[pages] = 0.0
+        self.window_mass[pages] = 0.0
 
     def format_counts(self, logical_pages: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """int64 [2]: the mapped pages among ``logical_pages`` (any shape; where the bool ``keep``,

@@ -72,6 +72,7 @@ class MinimaRadixCache(UnifiedRadixCache):
             self._count_hits(req)
         super().on_release(req, checkpointed=checkpointed)
         self._requests.discard(req)
+        self.store.window_ends.pop(req.kv.req_pool_idx, None)  # the slot's next request starts afresh
 
     def _count_hits(self, req) -> None:
         hits = self._pending_hits.pop(req, None)
@@ -87,14 +88,15 @@ class MinimaRadixCache(UnifiedRadixCache):
             live = self._live_requests()
             # Host facts only: a step that crossed no page boundary and changed no mapping skips the
             # tick, and so does one that added fewer pages than --minima-tick-min-new-pages since the last.
-            members = tuple((req.rid, req.kv.req_pool_idx, req.kv.kv_allocated_len < len(req.origin_input_ids))
-                            for req in live)
+            members = tuple((req.rid, req.kv.req_pool_idx, req.kv.kv_allocated_len < len(req.origin_input_ids),
+                             self._window_ready(req)) for req in live)
             counts = tuple(-(-req.kv.kv_allocated_len // self.page_size) for req in live)
             key = (members, counts)
             if not self.lifecycle.settled(key):
                 if self.lifecycle.due(members, sum(counts)):
                     sequences, prefilling = self._sequences(live)
-                    self.lifecycle.tick(sequences, prefilling, key=key)
+                    self.lifecycle.tick(sequences, prefilling, key=key, requests=[m[:2] for m in members],
+                                        window_ready=[m[3] for m in members])
                     self.lifecycle.ticked(members, sum(counts))
                 else:
                     self.store.stats.lifecycle_ticks_deferred += 1
@@ -102,6 +104,11 @@ class MinimaRadixCache(UnifiedRadixCache):
                 self.store.drain_quarantine()
         for listener in self.step_listeners:
             listener(self.store)
+
+    def _window_ready(self, req) -> bool:
+        """``anchor_window``: a window of this request reached its prompt's end (a host fact the backend
+        records at the forward's launch; the allocation that ends a prefill runs ahead of it)."""
+        return self.store.window_ends.get(req.kv.req_pool_idx, 0) >= len(req.origin_input_ids)
 
     def live_sequences(self) -> list[torch.Tensor]:
         """Logical pages of every request holding KV, in sequence order."""

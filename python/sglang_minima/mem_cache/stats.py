@@ -45,6 +45,8 @@ class MinimaStats:
     """Steps whose tick would have run but waited for --minima-tick-min-new-pages new pages."""
     prefix_hit_hot_pages: int = 0
     prefix_hit_tq3_pages: int = 0
+    window_anchor_pages: int = 0
+    """Pages the observation window pinned as Anchors when requests' prefills ended (--minima-anchor-window)."""
 
     def note_scratch_bytes(self, nbytes: int) -> None:
         self.peak_scratch_bytes = max(self.peak_scratch_bytes, nbytes)

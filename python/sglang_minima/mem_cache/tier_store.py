@@ -178,6 +178,7 @@ class TieredPageStore:
         self.epoch = 0  # scheduler steps ended (end_step)
         self.version = 0  # mapping changes (map, unmap, conversions): LifecycleController.settled reads it
         self.stats = MinimaStats()
+        self.window_ends: dict[int, int] = {}  # anchor_window: req_pool_idx -> where its last window ended
         self.device_routes = DeviceRouteCounter(self.device)  # what CUDA-graph steps read (counted in the graph)
         rows = (shape.num_hot_pages + 1) * shape.page_size
         hot = shape.hot_store_dtype
@@ -307,6 +308,15 @@ class TieredPageStore:
         if total > 0:
             pages = logical_pages.to(device=self.device, dtype=torch.int64)
             score.index_add_(0, pages, (1.0 - decay) * mass.to(self.device, torch.float32) / total)
+
+    def note_window_mass(self, logical_pages: torch.Tensor, mass: torch.Tensor, ends: dict[int, int]) -> None:
+        """The attention mass of an observation window over the pages it read (``anchor_window``): the
+        latest window's mass replaces the last (the controller pins a request's Anchors from it when the
+        request's prefill ends). ``ends``: ``req_pool_idx`` -> the sequence length the window ends at,
+        a host fact kept in ``window_ends`` (the caller drops a request's entry when it is released)."""
+        pages = logical_pages.to(device=self.device, dtype=torch.int64)
+        self.page_table.window_mass[pages] = mass.to(self.device, torch.float32)
+        self.window_ends.update(ends)
 
     def end_step(self) -> None:
         """A step's result is processed (once per scheduler step): the quarantines move on."""

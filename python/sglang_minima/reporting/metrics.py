@@ -18,6 +18,8 @@ Counters fed with the increase since the last update. Names:
   the step's hot pages were spent (the request fit the logical pool)
 - ``sglang:minima_lifecycle_ticks_total{outcome}``: lifecycle ticks between steps that ran, and
   (deferred) those that waited for ``--minima-tick-min-new-pages`` new pages
+- ``sglang:minima_window_anchor_pages_total``: pages the observation window kept hot as Anchors when
+  requests' prefills ended (``--minima-anchor-window``)
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ class MinimaMetrics:
         self.lifecycle_ticks = counter(
             "lifecycle_ticks", "Lifecycle ticks between steps: ran, or deferred for new pages.", ("outcome",)
         )
+        self.window_anchor_pages = counter(
+            "window_anchor_pages", "Pages the observation window pinned as Anchors when prefills ended."
+        )
         self._reported: dict[tuple[int, tuple[str, ...]], float] = {}
 
     def report(self, store: TieredPageStore) -> None:
@@ -130,6 +135,7 @@ class MinimaMetrics:
         self._advance(self.prefill_hot_deferrals, stats.prefill_hot_deferrals)
         self._advance(self.lifecycle_ticks, stats.lifecycle_ticks, outcome="ran")
         self._advance(self.lifecycle_ticks, stats.lifecycle_ticks_deferred, outcome="deferred")
+        self._advance(self.window_anchor_pages, stats.window_anchor_pages)
 
     def _advance(self, counter, total: float, **extra: str) -> None:
         """Counters only go up: add what the cumulative stat gained since the last update."""

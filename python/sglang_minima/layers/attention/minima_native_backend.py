@@ -21,7 +21,10 @@ dense copy of a compressed page: every read goes through the tiled ops, and each
 the pool its scratch high-water mark (``note_scratch_bytes``: decoded tiles and scores, measured by
 ops.scratch).
 With ``--minima-attention-score-anchors``, the backend also sums each page's attention mass over the
-layers of a step (page_mass.py) and reports it after the last layer (``note_page_scores``).
+layers of a step (page_mass.py) and reports it after the last layer (``note_page_scores``). With
+``--minima-anchor-window N``, extend steps sum only the mass of each request's last N queries in the
+step (the observation window, the prompt's close in the chunk that ends it) and report it with
+``note_window_mass``; decode steps collect nothing.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class MinimaNativeAttnBackend(AttentionBackend):
         mapping = getattr(kv_pool, "full_attention_layer_id_mapping", None)
         self._pool_layer_ids: dict[int, int] | None = dict(mapping) if mapping is not None else None
         self._score_pages: bool = pool.minima_config.attention_score_anchors
+        self._window: int = pool.minima_config.anchor_window
+        """Extend steps collect the page mass of each request's last ``_window`` queries (0: none)."""
         self._last_layer_id: int = (
             max(mapping) if mapping is not None else pool.start_layer + pool.layer_num - 1
         )
@@ -121,10 +126,11 @@ class MinimaNativeAttnBackend(AttentionBackend):
             counts = self.forward_metadata.counts
             pool.note_read(self.forward_metadata.logical_pages, hot_tokens=counts.hot_tokens, tq3_tokens=counts.tq3_tokens)
             return
+        rows, lens = forward_batch.req_pool_indices.tolist(), seq_lens.tolist()
         route = plan_batch(
             self.req_to_token_pool.req_to_token,
-            forward_batch.req_pool_indices.tolist(),
-            seq_lens.tolist(),
+            rows,
+            lens,
             q_lens,
             pool.page_table.fmt,
             pool.page_table.phys,
@@ -133,11 +139,16 @@ class MinimaNativeAttnBackend(AttentionBackend):
         self.forward_metadata = route
         counts = route.counts
         pool.note_read(route.logical_pages, hot_tokens=counts.hot_tokens, tq3_tokens=counts.tq3_tokens)
-        if self._score_pages:
+        # the window's end per request (a host fact): the controller pins a request's Anchors only once
+        # a window reached its prompt's end (its allocation runs ahead of this forward under overlap)
+        self._window_ends = dict(zip(rows, lens))
+        if self._score_pages or (self._window and not mode.is_decode()):
             self._page_mass = [
                 torch.zeros(r.logical_pages.numel(), dtype=torch.float32, device=r.logical_pages.device)
                 for r in route.requests
             ]
+        else:
+            self._page_mass = []
 
     def _plan_decode(self, forward_batch: ForwardBatch, seq_lens_cpu: torch.Tensor) -> BatchedDecode:
         pool = self.token_to_kv_pool
@@ -220,8 +231,12 @@ class MinimaNativeAttnBackend(AttentionBackend):
             rows = slice(route.q_start, route.q_start + route.q_len)
             o3[rows] = self._attend_request(i, q3[rows], route, layer).to(o.dtype)
         if self._page_mass and layer.layer_id == self._last_layer_id:
-            # Once per step, after the last layer: the mass of every page read, for score Anchors.
-            self.token_to_kv_pool.note_page_scores(self.forward_metadata.logical_pages, torch.cat(self._page_mass))
+            # Once per step, after the last layer: the mass of every page read, for score or window Anchors.
+            pages, mass = self.forward_metadata.logical_pages, torch.cat(self._page_mass)
+            if self._window:
+                self.token_to_kv_pool.note_window_mass(pages, mass, self._window_ends)
+            else:
+                self.token_to_kv_pool.note_page_scores(pages, mass)
             self._page_mass = []
         return o
 
@@ -266,28 +281,32 @@ class MinimaNativeAttnBackend(AttentionBackend):
             tq3 = Tq3PagedKV(pool.tq3_buffer(lid), route.tq3_pages, pool.layout, pool.codebook, route.tq3_page_starts)
             out, lse = mixed_paged_attention(q, hot, tq3, pool.rotation(lid), layer.scaling, q_positions)
         if self._page_mass:
-            self._add_page_mass(self._page_mass[index], q, route, layer, hot, tq3, lse)
+            rows = slice(max(0, q.shape[0] - self._window), None) if self._window else slice(None)
+            self._add_page_mass(self._page_mass[index], q[rows], route.q_positions[rows], route, layer, hot, tq3,
+                                lse[rows])
         return out
 
     def _add_page_mass(
         self,
         mass: torch.Tensor,
         q: torch.Tensor,
+        q_positions: torch.Tensor,
         route: RequestRoute,
         layer: RadixAttention,
         hot: HotPagedKV,
         tq3: Tq3PagedKV | None,
         lse: torch.Tensor,
     ) -> None:
-        """Add this layer's attention mass per page to ``mass`` (indexed like ``route.logical_pages``:
-        the k-th page of a request holds positions k*page_size .. (k+1)*page_size - 1)."""
+        """Add this layer's attention mass of the queries ``q`` (at ``q_positions``, with their merged
+        ``lse``) per page to ``mass`` (indexed like ``route.logical_pages``: the k-th page of a request
+        holds positions k*page_size .. (k+1)*page_size - 1)."""
         pool = self.token_to_kv_pool
         page_size = pool.page_size
-        hot_mass = hot_token_mass(q, hot, layer.scaling, lse, route.q_positions)
+        hot_mass = hot_token_mass(q, hot, layer.scaling, lse, q_positions)
         mass.index_add_(0, route.hot_positions // page_size, hot_mass)
         if tq3 is not None:
             q_rot = pool.rotation(self._pool_layer(layer)).rotate(q, head_axis=-2)
-            tq3_mass = tq3_page_mass(q_rot, tq3, layer.scaling, lse, route.q_positions)
+            tq3_mass = tq3_page_mass(q_rot, tq3, layer.scaling, lse, q_positions)
             mass.index_add_(0, route.tq3_page_starts // page_size, tq3_mass)
 
 
