@@ -26,3 +26,19 @@ def test_summary_of_a_soak_phase(tmp_path, report):
     assert f"- serving soak: {expected}" in md
     assert summary["verdict"] == expected.split(" (")[0]
     assert ("# Serving soak (CUDA)" in md) == (report is not None)
+
+
+def test_nameless_junit_entries_are_not_counted_as_tests(tmp_path):
+    # an xdist run cut by the budget left entries with no name, which the summary had counted as passed
+    sys.path.insert(0, str(ROOT / "scripts/device"))
+    from summarize import outcomes
+
+    xml = tmp_path / "junit_e2e.xml"
+    xml.write_text('<testsuites><testsuite name="pytest">'
+                   '<testcase classname="test.e2e.test_a" name="test_one" time="1.5"/>'
+                   '<testcase classname="test.e2e.test_a" name="test_two" time="2"><failure message="boom"/></testcase>'
+                   '<testcase time="0"/>'
+                   '</testsuite></testsuites>')
+    got = outcomes(xml)
+    assert [(c["test"], c["outcome"]) for c in got] == [("test.e2e.test_a::test_one", "passed"),
+                                                        ("test.e2e.test_a::test_two", "failed")]
