@@ -336,6 +336,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="examples per task")
     ap.add_argument("--modes", default="fp8@all,tq3@all,fp8@128,tq3@128,tq3k@128,tq3v@128,defer@128")
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the first examples of the round robin (those an earlier run answered)")
     ap.add_argument("--recent-pages", type=int, default=4)
     ap.add_argument("--sink-pages", type=int, default=1)
     ap.add_argument("--snap-window", type=int, default=64,
@@ -363,7 +365,7 @@ def main() -> None:
             raise SystemExit(f"--tasks: unknown task {task!r}")
         per_task.append(generate(task, args.length, args.n, default_model_dir()))
     # round robin over the tasks: a run cut by --time-budget-s covers every task alike
-    examples: list[Example] = [ex for group in zip(*per_task) for ex in group]
+    examples: list[Example] = [ex for group in zip(*per_task) for ex in group][args.start:]
     results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": [],
                                     "anchors": [], "answer_pages": []} for m in modes}
     t0 = time.time()
