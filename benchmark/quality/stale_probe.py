@@ -54,7 +54,8 @@ from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, quantize_keys, to_original_space  # noqa: E402
 from sglang_minima.models import default_model_dir  # noqa: E402
-from sglang_minima.ops.dense import LOG2E, attend, causal_mask  # noqa: E402
+from sglang_minima.layers.attention.page_mass import key_mass  # noqa: E402
+from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
 
 KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4", "k4k", "k4lmv")
@@ -232,13 +233,10 @@ class MinimaEmulation:
     def _observe(self, q: torch.Tensor, k: torch.Tensor, scaling: float, lse: torch.Tensor,
                  mask: torch.Tensor) -> None:
         """Add the softmax weights of the chunk's last ``snap_window`` queries to ``key_mass`` (the keys
-        as this call read them; ``lse`` is ``attend``'s base-2 log-sum-exp)."""
+        as this call read them; ``lse`` is ``attend``'s base-2 log-sum-exp): the serving path's
+        per-key mass (page_mass.py), on the emulation's dense keys."""
         w = min(self.snap_window, q.shape[0])
-        hq, h = q.shape[1], k.shape[1]
-        qg = q[-w:].view(w, h, hq // h, -1)
-        s = torch.einsum("thgd,nhd->thgn", qg, k) * (scaling * LOG2E)
-        p = torch.exp2(s - lse[-w:].view(w, h, hq // h, 1)).masked_fill(~mask[-w:].view(w, 1, 1, -1), 0.0)
-        mass = p.sum(dim=(0, 1, 2))
+        mass = key_mass(q[-w:], k, scaling, lse[-w:], mask[-w:])
         st = self.state
         st.key_mass = mass if st.key_mass is None else st.key_mass + mass
 

@@ -103,7 +103,7 @@ def test_the_observation_window_pins_anchors_once_the_prefill_ends_and_keeps_the
     ctl.tick([seq], [False], requests=["a"])
     assert store.page_table.tier[seq].tolist()[:5] == [TIER_ANCHOR, TIER_ANCHOR, TIER_STALE, TIER_ANCHOR, TIER_STALE]
     # released: its pins go with it
-    assert not ctl.window_pins([], [], []).any()
+    assert not ctl.window_pins([], [], [], []).any()
 
 
 def test_the_observation_window_never_picks_a_page_already_tq3():
@@ -127,7 +127,7 @@ def test_window_pins_need_one_identity_per_request():
     ctl = LifecycleController(make_store(num_logical=8, num_hot=8),
                               MinimaConfig(anchor_pages=1, anchor_window=16))
     with pytest.raises(ValueError, match="request ids"):
-        ctl.window_pins([torch.tensor([1, 2])], [False], [])
+        ctl.window_pins([torch.tensor([1, 2])], [False], [], [True])
 
 
 def _anchor_on_page_1(num_hot: int):

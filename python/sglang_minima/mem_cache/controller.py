@@ -124,7 +124,9 @@ class LifecycleController:
         self._settled = None
         store.stats.lifecycle_ticks += 1
         store.publish_conversions()  # those whose copy is done (no wait)
-        pinned = self.window_pins(sequences, prefilling, requests, window_ready) if p.anchor_window else None
+        in_prefill = list(prefilling) or [False] * len(sequences)
+        ready = list(window_ready) or [True] * len(sequences)
+        pinned = self.window_pins(sequences, in_prefill, requests, ready) if p.anchor_window else None
         pt.tier.copy_(self.classify(sequences, pinned))
         if p.disable_stale:
             self._new_pins = []  # nothing converts: the pins change nothing to count
@@ -134,9 +136,8 @@ class LifecycleController:
         # Pages that must stay hot this tick: a request still in prefill (deferred conversion), and
         # one whose prefill ended but whose window has not reached its prompt's end yet (its Anchors
         # are picked at a later tick: nothing of it converts before).
-        ready = list(window_ready) or [True] * len(sequences)
-        for seq, in_prefill, seen in zip(sequences, list(prefilling) or [False] * len(sequences), ready):
-            if (p.defer_prefill_conversion and in_prefill) or (p.anchor_window and not in_prefill and not seen):
+        for seq, busy, seen in zip(sequences, in_prefill, ready):
+            if (p.defer_prefill_conversion and busy) or (p.anchor_window and not busy and not seen):
                 stale[seq.to(device=stale.device, dtype=torch.int64)] = False
         sealed = pt.sealed
         converted = store.retier(self._order(stale & sealed, demote=True)[: p.retier_batch_pages])
@@ -158,10 +159,11 @@ class LifecycleController:
             self._settle(key)
 
     def window_pins(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool],
-                    requests: Sequence[Hashable], window_ready: Sequence[bool] = ()) -> torch.Tensor:
-        """bool [num_logical_pages + 1]: the live requests' observation-window Anchors. A request whose
-        prefill has ended, whose window has reached its prompt's end and that has none yet gets them now: up to ``anchor_pages`` of its hot pages
-        outside the sinks and the Recent window, by the mass its last window put on them
+                    requests: Sequence[Hashable], window_ready: Sequence[bool]) -> torch.Tensor:
+        """bool [num_logical_pages + 1]: the live requests' observation-window Anchors (one flag of each
+        list per sequence). A request whose prefill has ended, whose window has reached its prompt's end
+        and that has none yet gets them now: up to ``anchor_pages`` of its hot pages outside the sinks
+        and the Recent window, by the mass its last window put on them
         (``note_window_mass``: the extend that ended its prefill), pages with none left out; pages
         already TQ3 are not picked (promoting one would not undo its rounding). Fixed-shape device ops:
         no host read."""
@@ -171,9 +173,7 @@ class LifecycleController:
         live = set(requests)
         for rid in [r for r in self._window_anchors if r not in live]:
             del self._window_anchors[rid]  # released (or retracted): its pins go with it
-        in_prefill = list(prefilling) or [False] * len(sequences)
-        ready = list(window_ready) or [True] * len(sequences)
-        for rid, seq, busy, seen in zip(requests, sequences, in_prefill, ready):
+        for rid, seq, busy, seen in zip(requests, sequences, prefilling, window_ready):
             if busy or not seen or rid in self._window_anchors or seq.numel() == 0:
                 continue
             seq = seq.to(device=pt.tier.device, dtype=torch.int64)

@@ -95,6 +95,7 @@ class MinimaNativeAttnBackend(AttentionBackend):
         self._score_pages: bool = pool.minima_config.attention_score_anchors
         self._window: int = pool.minima_config.anchor_window
         """Extend steps collect the page mass of each request's last ``_window`` queries (0: none)."""
+        self._window_ends: dict[int, int] = {}  # this step's req_pool_idx -> sequence length, with a window
         self._last_layer_id: int = (
             max(mapping) if mapping is not None else pool.start_layer + pool.layer_num - 1
         )
@@ -139,9 +140,10 @@ class MinimaNativeAttnBackend(AttentionBackend):
         self.forward_metadata = route
         counts = route.counts
         pool.note_read(route.logical_pages, hot_tokens=counts.hot_tokens, tq3_tokens=counts.tq3_tokens)
-        # the window's end per request (a host fact): the controller pins a request's Anchors only once
-        # a window reached its prompt's end (its allocation runs ahead of this forward under overlap)
-        self._window_ends = dict(zip(rows, lens))
+        if self._window:
+            # the window's end per request (a host fact): the controller pins a request's Anchors only
+            # once a window reached its prompt's end (its allocation runs ahead of this forward under overlap)
+            self._window_ends = dict(zip(rows, lens))
         if self._score_pages or (self._window and not mode.is_decode()):
             self._page_mass = [
                 torch.zeros(r.logical_pages.numel(), dtype=torch.float32, device=r.logical_pages.device)

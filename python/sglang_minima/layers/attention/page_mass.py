@@ -16,7 +16,7 @@ from sglang_minima.ops.dense import LOG2E
 from sglang_minima.ops.paged import DEFAULT_TILE_PAGES, DEFAULT_TILE_TOKENS, HotPagedKV, Tq3PagedKV, kv_tiles
 
 
-def _key_mass(
+def key_mass(
     q: torch.Tensor, k: torch.Tensor, sm_scale: float, lse: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """q [T, Hq, D], k [N, H, D], lse [T, Hq], mask [T, N] -> fp32 [N]: sum over t, h of the weights."""
@@ -40,7 +40,7 @@ def hot_token_mass(
     """Attention mass of each of ``hot``'s tokens (fp32 [n])."""
     mass = torch.zeros(hot.num_items, dtype=torch.float32, device=q.device)
     for t in kv_tiles(hot, tile_tokens, q_positions, values=False):
-        mass[t.start : t.end] = _key_mass(q, t.k, sm_scale, lse, t.mask)
+        mass[t.start : t.end] = key_mass(q, t.k, sm_scale, lse, t.mask)
     return mass
 
 
@@ -55,6 +55,6 @@ def tq3_page_mass(
     """Attention mass of each of ``tq3``'s pages (fp32 [m]); ``q_rot`` is R q (scores are rotation-invariant)."""
     mass = torch.zeros(tq3.num_items, dtype=torch.float32, device=q_rot.device)
     for t in kv_tiles(tq3, tile_pages, q_positions, values=False):
-        token_mass = _key_mass(q_rot, t.k, sm_scale, lse, t.mask)
+        token_mass = key_mass(q_rot, t.k, sm_scale, lse, t.mask)
         mass[t.start : t.end] = token_mass.view(t.end - t.start, tq3.layout.page_size).sum(-1)
     return mass
