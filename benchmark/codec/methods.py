@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from sglang_minima.codec.accounting import tq3_bits
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook, tq3_codebook
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
@@ -70,12 +70,23 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(m * p, h, d)
 
 
-def _tq3(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> KV:
-    """The product codec, through real TQ3P pages."""
-    h, d = k.shape[1], k.shape[2]
-    layout, rot, cb = TQ3PageLayout(h, PAGE_SIZE, d), LayerRotation(h, d, layer_id), tq3_codebook(d)
-    k_rot, v_rot = decode_pages(encode_pages(_pages(k), _pages(v), layout, rot, cb), layout, cb)
-    return _tokens(to_original_space(k_rot, rot)), _tokens(to_original_space(v_rot, rot))
+def _tq3_pages(key_bits: int, key_center: bool = False) -> Callable[[torch.Tensor, torch.Tensor, int], KV]:
+    """The product codec with ``key_bits``-bit keys, through real TQ3P pages; ``key_center``: page-centered
+    keys (each page's mean rotated key per head, fp16, in the page; the code spends its levels on how
+    keys differ within the page, not on the offset they share: post-RoPE keys carry a large one in
+    their slowly rotating channels)."""
+
+    def run(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> KV:
+        h, d = k.shape[1], k.shape[2]
+        layout, rot = TQ3PageLayout(h, PAGE_SIZE, d, key_bits, key_center), LayerRotation(h, d, layer_id)
+        cb = key_codebook(d, key_bits)
+        k_rot, v_rot = decode_pages(encode_pages(_pages(k), _pages(v), layout, rot, cb), layout, cb)
+        return _tokens(to_original_space(k_rot, rot)), _tokens(to_original_space(v_rot, rot))
+
+    return run
+
+
+_tq3 = _tq3_pages(3)
 
 
 def _tq3_lloyd_values(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> KV:
@@ -90,14 +101,21 @@ def _tq3_lloyd_values(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> KV:
     return rot.unrotate(dequantize_keys(k_codes, k_norm, cb)), rot.unrotate(s.unsqueeze(-1) * c)
 
 
-def _minima(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> KV:
-    """The product's tiers at the end of a sequence: sink + recent tokens FP8, the rest TQ3."""
-    fp8_k, fp8_v = _fp8(k, v, layer_id)
-    n = k.shape[0]
-    stale = slice(SINK_TOKENS, n - RECENT_TOKENS)
-    tq3_k, tq3_v = _tq3(k[stale].contiguous(), v[stale].contiguous(), layer_id)
-    fp8_k[stale], fp8_v[stale] = tq3_k, tq3_v
-    return fp8_k, fp8_v
+def _tiers(stale_code: Callable[[torch.Tensor, torch.Tensor, int], KV]) -> Callable[[torch.Tensor, torch.Tensor, int], KV]:
+    """The product's tiers at the end of a sequence: sink + recent tokens FP8, the rest ``stale_code``."""
+
+    def run(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> KV:
+        fp8_k, fp8_v = _fp8(k, v, layer_id)
+        n = k.shape[0]
+        stale = slice(SINK_TOKENS, n - RECENT_TOKENS)
+        tq3_k, tq3_v = stale_code(k[stale].contiguous(), v[stale].contiguous(), layer_id)
+        fp8_k[stale], fp8_v[stale] = tq3_k, tq3_v
+        return fp8_k, fp8_v
+
+    return run
+
+
+_minima = _tiers(_tq3)
 
 
 def _minima_bits(bits: Callable[[int], float]) -> Callable[[int, int], float]:
@@ -128,6 +146,15 @@ def _tq3_k(d: int) -> float:
     return tq3_bits(d).key
 
 
+def _tq3_k4(d: int) -> float:
+    return tq3_bits(d, key_bits=4).key
+
+
+def _centered(key_bits: int) -> Callable[[int], float]:
+    """A page-centered key code's bits: the code's, and one fp16 mean per page, head and dimension."""
+    return lambda d: tq3_bits(d, key_bits=key_bits, centered_page_size=PAGE_SIZE).key
+
+
 def _tq3_v(d: int) -> float:
     return tq3_bits(d).value
 
@@ -140,5 +167,11 @@ METHODS = [
     Method("tq3-norot", _per_dim(_tq3_k), _per_dim(_tq3_v), _tq3_no_rotation),
     Method("tq3", _per_dim(_tq3_k), _per_dim(_tq3_v), _tq3),
     Method("tq3-lmv", _per_dim(_tq3_k), _per_dim(_tq3_k), _tq3_lloyd_values),
+    Method("tq3-center", _per_dim(_centered(3)), _per_dim(_tq3_v), _tq3_pages(3, key_center=True)),
+    Method("tq3-k4", _per_dim(_tq3_k4), _per_dim(_tq3_v), _tq3_pages(4)),
+    Method("tq3-k4-center", _per_dim(_centered(4)), _per_dim(_tq3_v), _tq3_pages(4, key_center=True)),
     Method("minima-tiers", _minima_bits(_tq3_k), _minima_bits(_tq3_v), _minima),
+    Method("minima-tiers-k4", _minima_bits(_tq3_k4), _minima_bits(_tq3_v), _tiers(_tq3_pages(4))),
+    Method("minima-tiers-k4-center", _minima_bits(_centered(4)), _minima_bits(_tq3_v),
+           _tiers(_tq3_pages(4, key_center=True))),
 ]

@@ -94,12 +94,14 @@ class ArmSpec:
     def is_minima(self) -> bool:
         return self.module == "sglang_minima.launch_server"
 
-    def key_bits(self, extra_flags: Sequence[str] = ()) -> int:
-        """The Stale key width this arm's server runs, ``extra_flags`` (``--server-args``) after its
-        own as the launcher reads them (the last value of a flag wins)."""
+    def tq3_layout(self, heads: int, page_size: int, dim: int, extra_flags: Sequence[str] = ()):
+        """The TQ3 page layout this arm's server runs (key width, page-centered keys), ``extra_flags``
+        (``--server-args``) after its own as the launcher reads them (the last value of a flag wins)."""
+        from sglang_minima.codec.layout import TQ3PageLayout
         from sglang_minima.config import parse_minima_argv, split_minima_argv
 
-        return parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0]).key_bits
+        config = parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0])
+        return TQ3PageLayout(heads, page_size, dim, config.key_bits, config.key_center)
 
     @property
     def converts(self) -> bool:
@@ -128,6 +130,8 @@ ARMS: dict[str, ArmSpec] = {
         *(ArmSpec(f"minima-k4-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
           for n in (8, 16)),
         ArmSpec("minima-k4-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
+        # page-centered keys (the torch path serves them: minima_native on CUDA too)
+        ArmSpec("minima-k4-center", "sglang_minima.launch_server", ("--minima-key-center",)),
         # observation-window Anchors: the 4 pages a prompt's last 64 tokens attend most stay hot (with
         # the deferred conversion, chosen among all of a chunked prompt's pages)
         ArmSpec("minima-k4-window4", "sglang_minima.launch_server", WINDOW4),
@@ -296,7 +300,6 @@ def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: t
     """KV bytes per attended token and layer (K and V, every KV head): the model dtype's for BF16 KV,
     FP8's for the FP8 arms, and for Minima the mix of FP8 and TQ3 tokens its attention read."""
     from sglang_minima.codec.accounting import fp8_bytes, tq3_bytes
-    from sglang_minima.codec.layout import TQ3PageLayout
 
     heads, dim = geometry
     fp8 = fp8_bytes(heads, page_size, dim).per_token
@@ -304,7 +307,7 @@ def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: t
         return fp8 if "fp8_e4m3" in spec.flags else fp8 * {"float32": 4, "float": 4}.get(dtype, 2)
     if hot_tokens + tq3_tokens == 0:
         return None if spec.converts else fp8
-    tq3 = tq3_bytes(TQ3PageLayout(heads, page_size, dim, key_bits=spec.key_bits(extra_flags))).per_token
+    tq3 = tq3_bytes(spec.tq3_layout(heads, page_size, dim, extra_flags)).per_token
     return (hot_tokens * fp8 + tq3_tokens * tq3) / (hot_tokens + tq3_tokens)
 
 

@@ -5,11 +5,15 @@ resamples examples within each task. Greedy answers differ between calls on a fe
 examples; averaging replicates shrinks that noise where one run's interval cannot.
 
 Each ``--run`` is ``DIR:ARM@CHUNK``; the reference is ``--reference`` at the same chunk in the same
-directory (so every difference is paired within its own call).
+directory (so every difference is paired within its own call). With ``--disjoint`` the runs hold
+different examples (other lengths, other calls): their paired differences are put together, an
+example answered by two runs counted once (the first run's), instead of averaged over replicates.
 
   python benchmark/quality/pooled_delta.py --reference fp8 --length 1024 \\
       --run docs/results/quality_h200:minima-nostale@256 --run docs/results/quality_h200_256b:minima-nostale@256 \\
       --run docs/results/quality_h200_256c:minima-k4-recent16@256
+  python benchmark/quality/pooled_delta.py --reference minima-k4 --disjoint \\
+      --run docs/results/quality_h200_1k_1304:minima-k4-defer@256 --run docs/results/quality_h200_2k8k_1640:minima-k4-defer@256
 """
 
 from __future__ import annotations
@@ -58,16 +62,36 @@ def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int =
             "pooled": niah.macro_diff(pooled_diffs), "ci95": niah.macro_ci(pooled_diffs, resamples, seed)}
 
 
+def together(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
+    """The macro of the runs' paired differences put together (runs over different examples; a key
+    two runs share counts once, the first run's), with its bootstrap 95% interval, and each run's
+    own macro."""
+    merged: dict[str, tuple[str, float]] = {}
+    for r in runs:
+        for k, v in r.items():
+            merged.setdefault(k, v)
+    if not merged:
+        raise SystemExit("no example was answered by both an arm and its reference")
+    tasks = sorted({t for t, _ in merged.values()})
+    per_task = [[d for t2, d in merged.values() if t2 == t] for t in tasks]
+    return {"examples": len(merged), "tasks": len(tasks),
+            "per_run": [niah.macro_diff([[d for t2, d in r.values() if t2 == t] for t in tasks]) for r in runs],
+            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=parse_run, action="append", required=True, metavar="DIR:ARM@CHUNK")
     ap.add_argument("--reference", default="fp8")
     ap.add_argument("--length", type=int, help="only examples of this RULER length")
     ap.add_argument("--bootstrap", type=int, default=5000)
+    ap.add_argument("--disjoint", action="store_true",
+                    help="the runs hold different examples: put their differences together (not replicates)")
     args = ap.parse_args()
     runs = [paired(d, run, args.reference, args.length) for d, run in args.run]
-    r = pooled(runs, args.bootstrap)
-    print(f"{r['examples']} examples in all {len(runs)} runs ({r['tasks']} tasks); macro Δ vs {args.reference}:")
+    r = (together if args.disjoint else pooled)(runs, args.bootstrap)
+    where = "in the runs together" if args.disjoint else f"in all {len(runs)} runs"
+    print(f"{r['examples']} examples {where} ({r['tasks']} tasks); macro Δ vs {args.reference}:")
     for (d, run), m in zip(args.run, r["per_run"]):
         print(f"  {d}:{run.label}: {m:+.2f}")
     print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")

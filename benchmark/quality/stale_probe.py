@@ -18,7 +18,9 @@ as the codec benchmark's ``tq3-lmv``: rotated, 3-bit Lloyd-Max codes of the norm
 fp16 least-squares scale per token, 3 + 16/d bits against TQ3's 3 + 32/d; emulated here only);
 chunk is the prefill chunk size in tokens, or ``all`` for one chunk. Modifiers after the kv mode, each
 ``+``-joined: ``+defer`` (k4 and the others: convert nothing until the prefill has ended, as ``defer``
-does for tq3) and ``+snap<A>`` (observation-window Anchors, the SnapKV rule: when the prefill ends, the
+does for tq3), ``+center`` (page-centered keys: each Stale page's mean key per head, in fp16, is
+subtracted before the key code and added back after it; 16 bits per key element per page, 0.25 bits
+per element at 64-token pages; emulated only) and ``+snap<A>`` (observation-window Anchors, the SnapKV rule: when the prefill ends, the
 attention mass of the prompt's last ``--snap-window`` queries, summed over layers and heads, picks the
 ``A`` Stale pages that stay FP8 for the rest of the request; pages already converted stay TQ3), e.g.
 ``k4+defer+snap4@256``.
@@ -28,7 +30,9 @@ hidden-state error against ``fp8`` at the same chunking, layer by layer (``--tra
 layer's *local* attention error (TQ3 vs FP8 attention output on identical inputs): error that
 grows through the layers well past the local error is compounding, not a kernel bug.
 
-Usage: python benchmark/quality/stale_probe.py --tasks niah_single_2,niah_multikey_1 --n 8
+Usage: python benchmark/quality/stale_probe.py --tasks niah_single_2,niah_multikey_1 --n 8 --out run.json
+       python benchmark/quality/stale_probe.py --report run.json more.json --reference fp8@256,k4@256
+(``--out`` is rewritten after every example; ``--report`` pools runs, complete or cut, and pairs modes.)
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +57,9 @@ from sglang_minima.codec.codebook import key_codebook, tq3_codebook  # noqa: E40
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize  # noqa: E402
 from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
-from sglang_minima.codec.tq3 import decode_pages, encode_pages, quantize_keys, to_original_space  # noqa: E402
+from sglang_minima.codec.tq3 import (  # noqa: E402
+    decode_pages, encode_pages, page_mean_keys, quantize_keys, to_original_space,
+)
 from sglang_minima.models import default_model_dir  # noqa: E402
 from sglang_minima.layers.attention.page_mass import key_mass  # noqa: E402
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
@@ -91,6 +98,7 @@ class Mode:
     chunk: int | None = None
     defer: bool = False
     snap_pages: int = 0
+    center: bool = False
 
     @classmethod
     def parse(cls, mode: str) -> "Mode":
@@ -98,17 +106,21 @@ class Mode:
         kv, *mods = spec.split("+")
         if kv not in KV_MODES:
             raise SystemExit(f"--modes: unknown kv mode {kv!r} in {mode!r} (one of {KV_MODES})")
-        defer, snap = kv == "defer", 0
+        defer, snap, center = kv == "defer", 0, False
         for m in mods:
             if m == "defer":
                 defer = True
+            elif m == "center":
+                center = True
             elif m.startswith("snap") and m[4:].isdigit() and int(m[4:]) > 0:
                 snap = int(m[4:])
             else:
-                raise SystemExit(f"--modes: unknown modifier {m!r} in {mode!r} (+defer, +snap<pages>)")
-        if kv == "fp8" and (defer or snap):
+                raise SystemExit(f"--modes: unknown modifier {m!r} in {mode!r} (+defer, +center, +snap<pages>)")
+        if kv == "fp8" and (defer or snap or center):
             raise SystemExit(f"--modes: {mode!r}: fp8 converts nothing, modifiers have no effect")
-        return cls(kv, None if chunk in ("", "all") else int(chunk), defer, snap)
+        if center and kv not in STALE_KEYS:
+            raise SystemExit(f"--modes: {mode!r}: +center codes Stale keys, and {kv} keeps them FP8")
+        return cls(kv, None if chunk in ("", "all") else int(chunk), defer, snap, center)
 
 
 @dataclass
@@ -118,6 +130,7 @@ class KVState:
     kv_mode: str = "fp8"
     defer: bool = False
     snap_pages: int = 0
+    center: bool = False
     observe: bool = False
     """The last prefill chunk is running: its last ``snap_window`` queries score the keys."""
     key_mass: torch.Tensor | None = None
@@ -173,7 +186,10 @@ class MinimaEmulation:
             enc = encode_pages(kp, vp, self.layout, self.rotations[layer], self.codebook, k_scale=1.0, v_scale=1.0)
             k_rot, v_rot = decode_pages(enc, self.layout, self.codebook)
             rot = self.rotations[layer]
-            if self.state.kv_mode in KEY_BITS:
+            if self.state.center:
+                k_rot = self._centered_keys(rot.rotate(fp8_dequantize(kp), head_axis=-3),
+                                            KEY_BITS.get(self.state.kv_mode, 3))
+            elif self.state.kv_mode in KEY_BITS:
                 k_rot = self._finer_keys(rot.rotate(fp8_dequantize(kp), head_axis=-3), KEY_BITS[self.state.kv_mode])
             if self.state.kv_mode == "k4lmv":
                 v_rot = self._lloyd_max_values(rot.rotate(fp8_dequantize(vp), head_axis=-3))
@@ -191,6 +207,12 @@ class MinimaEmulation:
         q = centroids[torch.bucketize(u, thresholds)]
         correction = (norm / q.norm(dim=-1, keepdim=True)).to(torch.float16).to(torch.float32)
         return torch.where(norm > 0, correction * q, torch.zeros_like(q))
+
+    def _centered_keys(self, k_rot: torch.Tensor, bits: int) -> torch.Tensor:
+        """Rotated keys [1, H, P, D] of one page through the ``bits``-bit key code of their residual
+        from the page's mean key per head (fp16), the mean added back: what ``+center`` stores."""
+        mean = page_mean_keys(k_rot).to(torch.float32).unsqueeze(-2)  # the codec's (key_center layouts)
+        return self._finer_keys(k_rot - mean, bits) + mean
 
     def _lloyd_max_values(self, v_rot: torch.Tensor) -> torch.Tensor:
         """Rotated values through the codec benchmark's ``tq3-lmv`` code: 3-bit Lloyd-Max codes of the
@@ -297,7 +319,8 @@ class MinimaEmulation:
         from transformers import DynamicCache
 
         mode = Mode.parse(mode) if isinstance(mode, str) else mode
-        self.state = KVState(kv_mode=mode.kv, defer=mode.defer, snap_pages=mode.snap_pages, check_ops=check_ops)
+        self.state = KVState(kv_mode=mode.kv, defer=mode.defer, snap_pages=mode.snap_pages, center=mode.center,
+                             check_ops=check_ops)
         ids = self.tok(prompt, return_tensors="pt").input_ids.to(self.device)
         n = ids.shape[1]
         chunk = mode.chunk or n
@@ -348,7 +371,15 @@ def main() -> None:
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="start no example after this many seconds from launch (a device call's limit; one example "
                          "takes ~11 s of the H200 for four modes); the report covers the examples done")
+    ap.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                    help="no run: pool these runs' records (--out files, complete or cut) and print each mode's "
+                         "score, paired differences against --reference and the hidden-state error")
+    ap.add_argument("--reference", default="fp8@all",
+                    help="--report: the modes each mode is paired against, comma-separated")
     args = ap.parse_args()
+    if args.report:
+        print(report(args.report, args.reference.split(",")))
+        return
     started = time.time()  # the budget counts the model's load and RULER's generation too
     if args.check_ops and args.device != "cpu":
         raise SystemExit("--check-ops: the torch serving op runs on --device cpu only")
@@ -392,6 +423,8 @@ def main() -> None:
             r["hidden_err"].append(
                 [float((h - g).norm() / g.norm()) for h, g in zip(hidden, ref)] if ref else []
             )
+        if args.out:  # every example's records as it ends: a run cut short keeps what it answered
+            _write(args, {"results": results, "examples": [e.key for e in done]})
     summary = {}
     for mode, r in results.items():
         errs = [e for e in r["hidden_err"] if e]
@@ -429,9 +462,63 @@ def main() -> None:
     print(f"(hidden-state rel. error after the layer vs fp8 at the same chunking / local attention rel. error; "
           f"{time.time() - t0:.0f}s)")
     if args.out:
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "summary": summary,
-                                        "results": results,
-                                        "examples": [ex.key for ex in done]}, indent=1))
+        _write(args, {"summary": summary, "results": results, "examples": [ex.key for ex in done]})
+
+
+def pooled(paths: Sequence[Path]) -> dict[str, dict[str, dict]]:
+    """mode -> example key -> {task, score, hidden error after the last layer}, over several runs'
+    records; an example answered by two runs counts once (the first)."""
+    out: dict[str, dict[str, dict]] = {}
+    for path in paths:
+        rec = json.loads(Path(path).read_text())
+        keys = rec["examples"]
+        for mode, r in rec["results"].items():
+            mine = out.setdefault(mode, {})
+            for i, key in enumerate(keys[: len(r["scores"])]):  # a cut run: its last example may lack modes
+                err = r["hidden_err"][i] if i < len(r["hidden_err"]) else []
+                mine.setdefault(key, {"task": key.split("/")[0], "score": r["scores"][i],
+                                      "hidden": err[-1] if err else math.nan})
+    return out
+
+
+def report(paths: Sequence[Path], references: Sequence[str]) -> str:
+    """Markdown: per mode, examples, RULER score, the paired difference against each reference (the
+    macro over tasks of per-task mean differences, bootstrap 95% interval resampling examples within
+    each task), the worst task's difference, and the mean hidden-state error after the last layer."""
+    from niah import fmt_diff, macro_ci, macro_diff
+
+    records = pooled(paths)
+    missing = [r for r in references if r not in records]
+    if missing:
+        raise SystemExit(f"--reference: no records of {missing} in these runs (modes: {sorted(records)})")
+    head = "| mode | examples | score | " + " | ".join(f"Δ vs {r} [95% CI]" for r in references)
+    lines = [head + " | worst task vs " + references[0] + " | hidden err, last layer |",
+             "|---" * (5 + len(references)) + "|"]
+    for mode, got in records.items():
+        cells = []
+        worst = ""
+        for n, ref in enumerate(references):
+            per_task: dict[str, list[float]] = {}
+            for key, r in got.items():
+                if key in records[ref]:
+                    per_task.setdefault(r["task"], []).append(r["score"] - records[ref][key]["score"])
+            diffs = [per_task[t] for t in sorted(per_task)]
+            cells.append("-" if mode == ref else fmt_diff(macro_diff(diffs), macro_ci(diffs, 2000, 0)))
+            if n == 0 and mode != ref and per_task:
+                task, d = min(((t, sum(v) / len(v)) for t, v in per_task.items()), key=lambda x: x[1])
+                worst = f"{task} {d:+.1f}"
+        score = sum(r["score"] for r in got.values()) / len(got)
+        hidden = [r["hidden"] for r in got.values() if not math.isnan(r["hidden"])]
+        err = f"{sum(hidden) / len(hidden):.4f}" if hidden else "-"
+        lines.append(f"| {mode} | {len(got)} | {score:.1f} | " + " | ".join(cells) + f" | {worst or '-'} | {err} |")
+    return "\n".join(lines)
+
+
+def _write(args: argparse.Namespace, record: dict) -> None:
+    """The run's JSON (``--out``), replaced whole: a reader never sees half a file."""
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}} | record, indent=1))
+    tmp.replace(args.out)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,12 @@ class MinimaConfig:
         "Bits per key code of Stale (TQ3) pages: 4 (a 16-level codebook) or 3 (8 levels: 1 bit less per key "
         "element, more tokens per byte, a larger loss in retrieval); values are 3-bit either way.",
     )
+    key_center: bool = _option(
+        False,
+        "Page-centered Stale keys: each TQ3 page keeps its mean rotated key per head (fp16, 16 bits per key "
+        "element per page) and codes the keys' residual from it (docs/TQ3P.md). Served by the torch path "
+        "(minima_native); the GPU kernels do not read it yet.",
+    )
 
     def __post_init__(self) -> None:
         for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "tick_min_new_pages",

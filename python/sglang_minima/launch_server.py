@@ -7,7 +7,8 @@ Unless the user chose otherwise, Minima's attention and radix-cache backends are
 default model (SmolLM2-135M-Instruct) is served. The attention backend is ``minima`` on CUDA (decode
 through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
-``--minima-attention-score-anchors``; the observation window's page mass: ``--minima-anchor-window``)
+``--minima-attention-score-anchors``; the observation window's page mass: ``--minima-anchor-window``;
+page-centered keys: ``--minima-key-center``)
 selects ``minima_native``, and is refused with
 ``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
 inside the graph); extend batches are planned on the host, so prefill graphs are off by default and
@@ -181,6 +182,8 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append("--minima-attention-score-anchors (the kernels collect no page scores)")
     if config.anchor_window:
         limits.append("--minima-anchor-window (the kernels collect no page mass)")
+    if config.key_center:
+        limits.append("--minima-key-center (the kernels do not read page-centered keys)")
     return limits
 
 

@@ -75,6 +75,8 @@ def test_bytes_per_token_follows_the_codecs_page_accounting():
     assert niah.bytes_per_token(niah.ARMS["minima"], 0, 0, geo, 64, "bfloat16") is None  # read nothing: unknown
     # --server-args come after the arm's flags, and the launcher takes a flag's last value
     assert niah.bytes_per_token(niah.ARMS["minima"], 0, 7, geo, 64, "bfloat16", ["--minima-key-bits=4"]) == 3 * (7 * 64 / 8 + 3 * 2)
+    # page-centered keys: one fp16 mean per page, head and dim, 2 * 64 / 64 bytes a token and head
+    assert niah.bytes_per_token(niah.ARMS["minima-k4-center"], 0, 7, geo, 64, "bfloat16") == 3 * (7 * 64 / 8 + 3 * 2 + 2)
 
 
 def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tmp_path):

@@ -1,4 +1,5 @@
-"""benchmark/quality/pooled_delta.py: replicate runs' paired differences pooled per example."""
+"""benchmark/quality/pooled_delta.py: replicate runs' paired differences pooled per example, and runs over
+different examples put together."""
 
 import argparse
 import json
@@ -41,6 +42,26 @@ def test_replicates_pool_per_example_on_the_examples_every_run_answered(tmp_path
     assert pooled_delta.paired(a, pooled_delta.niah.Run("minima", "256"), "fp8", None)["niah_single_1/2048/0"] == (
         "niah_single_1", -100.0)
     assert "niah_single_1/2048/0" not in runs[0]
+
+
+def test_disjoint_runs_put_their_examples_together_each_counted_once(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    one_k = [("niah_single_1", 1024, 0), ("niah_multikey_1", 1024, 0)]
+    two_k = [("niah_single_1", 2048, 0), ("niah_single_1", 2048, 1), ("niah_single_1", 1024, 0)]
+    _answers(a, "fp8@256", dict.fromkeys(one_k, 100.0))
+    _answers(b, "fp8@256", dict.fromkeys(two_k, 100.0))
+    _answers(a, "minima@256", {one_k[0]: 0.0, one_k[1]: 100.0})  # single_1 -100, multikey_1 0
+    # b: 2K single_1 -100 and 0; its 1K single_1 example is a's key: a's difference stands
+    _answers(b, "minima@256", {two_k[0]: 0.0, two_k[1]: 100.0, two_k[2]: 100.0})
+    runs = [pooled_delta.paired(d, pooled_delta.niah.Run("minima", "256"), "fp8", None) for d in (a, b)]
+    assert pooled_delta.pooled(runs, resamples=100)["examples"] == 1  # as replicates: the one shared key
+    r = pooled_delta.together(runs, resamples=500)
+    assert r["examples"] == 4 and r["tasks"] == 2
+    # single_1: -100 (a, 1K), -100 and 0 (b, 2K) -> -66.7; multikey_1: 0 -> macro -33.3
+    assert r["pooled"] == pytest.approx((-200 / 3 + 0) / 2)
+    assert r["per_run"] == [pytest.approx(-50.0), pytest.approx(-100 / 3)]  # b has no multikey_1: its macro is single_1's
+    lo, hi = r["ci95"]
+    assert lo <= r["pooled"] <= hi
 
 
 def test_a_run_is_dir_arm_and_chunk():

@@ -1,6 +1,8 @@
-"""benchmark/quality/stale_probe.py's mode grammar and its observation-window Anchors (``+snap<A>``):
-the window's weights, the pages they keep FP8, and the pages converted around them."""
+"""benchmark/quality/stale_probe.py's mode grammar, its observation-window Anchors (``+snap<A>``):
+the window's weights, the pages they keep FP8, and the pages converted around them, and the pooled
+report of several runs' records."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "quality"))
 
-from stale_probe import KVState, MinimaEmulation, Mode, Tiers  # noqa: E402
+from stale_probe import KVState, MinimaEmulation, Mode, Tiers, pooled, report  # noqa: E402
 
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 
@@ -18,10 +20,30 @@ def test_modes_parse_with_their_modifiers_and_refuse_what_has_no_effect():
     assert Mode.parse("k4@all") == Mode("k4", None)
     assert Mode.parse("k4+defer+snap4@256") == Mode("k4", 256, defer=True, snap_pages=4)
     assert Mode.parse("defer@128") == Mode("defer", 128, defer=True)  # tq3 with the deferred conversion
+    assert Mode.parse("k4+center@all") == Mode("k4", None, center=True)
     for bad, says in (("k5@all", "unknown kv mode"), ("k4+snap@all", "unknown modifier"),
-                      ("k4+snap0@all", "unknown modifier"), ("fp8+snap4@all", "no effect")):
+                      ("k4+snap0@all", "unknown modifier"), ("fp8+snap4@all", "no effect"),
+                      ("fp8+center@all", "no effect"), ("tq3v+center@all", "keeps them FP8")):
         with pytest.raises(SystemExit, match=says):
             Mode.parse(bad)
+
+
+def test_centered_keys_code_the_residual_from_the_pages_mean_key():
+    torch.manual_seed(0)
+    emu = MinimaEmulation.__new__(MinimaEmulation)
+    emu.head_dim = 64
+    # a page whose keys share a large offset per head (as real keys do: RoPE's slow channels)
+    offset = 4.0 * torch.randn(1, 2, 1, 64)
+    k = offset + 0.3 * torch.randn(1, 2, 64, 64)
+    plain, centered = emu._finer_keys(k, 4), emu._centered_keys(k, 4)
+    err = lambda x: float(((x - k) ** 2).sum() / (k**2).sum())  # noqa: E731
+    assert err(centered) < err(plain) / 20  # the code spends its levels on the residual, not the offset
+    # identical keys: the residual is the mean's fp16 rounding, coded with its norm: the page decodes
+    # within twice that rounding, where the plain code's error is the code's own
+    same = offset.expand(1, 2, 64, 64)
+    rounding = float((same - same.half().float()).norm())
+    assert float((emu._centered_keys(same, 4) - same).norm()) <= 2 * rounding + 1e-6
+    assert float((emu._finer_keys(same, 4) - same).norm()) > 100 * rounding
 
 
 def _emulation(snap_window: int, state: KVState, page_size: int = 4, recent: int = 1, sink: int = 1):
@@ -88,3 +110,32 @@ def test_fp8_and_plain_modes_pick_no_anchors():
     fp8 = KVState(kv_mode="fp8")
     _emulation(4, fp8)._tick(24, prefilling=False)
     assert fp8.converted == set()
+
+
+def _records(path: Path, keys: list[str], results: dict[str, tuple[list[float], list[float]]]) -> Path:
+    """A run's --out JSON: per mode, scores and the last layer's hidden error of each example."""
+    path.write_text(json.dumps({"examples": keys, "results": {
+        m: {"scores": sc, "hidden_err": [[0.0, e] for e in err]} for m, (sc, err) in results.items()}}))
+    return path
+
+
+def test_the_report_pools_runs_pairs_examples_and_takes_the_macro_over_tasks(tmp_path):
+    a = _records(tmp_path / "a.json", ["t1/1024/0", "t2/1024/1"],
+                 {"fp8@256": ([100.0, 100.0], [0.0, 0.0]), "k4@256": ([0.0, 100.0], [0.2, 0.4])})
+    # a cut run: its second example has the reference's records only; t1/1024/0 again (counted once)
+    b = _records(tmp_path / "b.json", ["t1/1024/0", "t1/1024/2", "t2/1024/3"],
+                 {"fp8@256": ([0.0, 100.0, 50.0], [0.0, 0.0, 0.0]), "k4@256": ([100.0, 100.0], [0.6, 0.0])})
+    got = pooled([a, b])
+    assert sorted(got["k4@256"]) == ["t1/1024/0", "t1/1024/2", "t2/1024/1"]
+    assert got["k4@256"]["t1/1024/0"] == {"task": "t1", "score": 0.0, "hidden": 0.2}  # the first run's
+    assert len(got["fp8@256"]) == 4
+    table = report([a, b], ["fp8@256"])
+    row = next(line for line in table.splitlines() if line.startswith("| k4@256 "))
+    # t1: (0 - 100, 100 - 100) -> -50; t2: 100 - 100 -> 0; the macro over the two tasks: -25
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["k4@256", "3", "66.7"]
+    assert cells[3].startswith("-25.0 [")
+    assert cells[4] == "t1 -50.0"
+    assert cells[5] == f"{(0.2 + 0.4 + 0.0) / 3:.4f}"  # b's 0.6 is the duplicate's
+    with pytest.raises(SystemExit, match="no records of"):
+        report([a], ["bf16@256"])

@@ -23,6 +23,18 @@ def test_bits_per_element(d):
     assert fp8_bytes(4, 64, d).total == 2 * elems
 
 
+@pytest.mark.parametrize("key_bits", [3, 4])
+@pytest.mark.parametrize("d", [64, 128])
+def test_page_centered_keys_cost_one_fp16_per_page_head_and_dimension(d, key_bits):
+    plain = TQ3PageLayout(num_kv_heads=4, page_size=64, head_dim=d, key_bits=key_bits)
+    centered = TQ3PageLayout(num_kv_heads=4, page_size=64, head_dim=d, key_bits=key_bits, key_center=True)
+    b, c = tq3_bytes(plain), tq3_bytes(centered)
+    assert c.payload == b.payload and c.metadata - b.metadata == 4 * d * 2
+    bits = tq3_bits(d, key_bits, centered_page_size=64)
+    assert bits.key == key_bits + 16 / d + 16 / 64 and bits.value == tq3_bits(d, key_bits).value
+    assert 8 * (c.payload + c.metadata) == pytest.approx(4 * 64 * d * (bits.key + bits.value))
+
+
 @pytest.mark.parametrize("h,p,d", [(1, 16, 64), (3, 16, 192), (1, 48, 64), (5, 32, 320)])
 def test_valid_layouts_need_no_padding(h, p, d):
     # 16-token pages and head dims that are multiples of 64 make every field a multiple of 16 bytes

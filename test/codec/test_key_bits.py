@@ -305,6 +305,29 @@ def test_emulated_lloyd_max_values_are_the_codec_benchmarks_tq3_lmv(d):
     assert rel(got) < 0.95 * rel(tq3[0].permute(1, 0, 2)), (rel(got), rel(tq3[0].permute(1, 0, 2)))
 
 
+@pytest.mark.parametrize("bits", [3, 4])
+def test_emulated_centered_keys_are_the_codec_benchmarks(bits):
+    """stale_probe's ``+center`` keys are the codec's page-centered keys (``key_center`` TQ3P pages, what
+    benchmark/codec's ``tq3-center`` / ``tq3-k4-center`` measure), up to threshold ties; on keys sharing an offset per head, as post-RoPE
+    keys do, they reconstruct with far less error than the plain code of the same width."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "codec"))
+    from methods import _tq3_pages
+
+    d = 64
+    k, v = _kv(2, 3, 64, d, seed=13 + bits)
+    k = k + 3 * k.std() * torch.randn(1, 3, 1, d, generator=torch.Generator().manual_seed(bits))  # an offset per head, 3x the spread
+    k_tok, v_tok = k.transpose(1, 2).reshape(-1, 3, d), v.transpose(1, 2).reshape(-1, 3, d)  # [tokens, heads, d]
+    want = _tq3_pages(bits, key_center=True)(k_tok, v_tok, layer_id=3)[0]
+    rot = LayerRotation(3, d, 3)
+    emu = SimpleNamespace(head_dim=d, _finer_keys=lambda x, b: MinimaEmulation._finer_keys(emu, x, b))
+    got = rot.unrotate(MinimaEmulation._centered_keys(emu, rot.rotate(k, head_axis=-3), bits), head_axis=-3)
+    got = got.transpose(1, 2).reshape(-1, 3, d)
+    close = torch.isclose(got, want, rtol=1e-3, atol=1e-4).all(-1)
+    assert float(close.float().mean()) > 0.98, float(close.float().mean())
+    rel = lambda x: float(((x - k_tok) ** 2).sum() / (k_tok**2).sum())  # noqa: E731
+    assert rel(want) < rel(_tq3_pages(bits)(k_tok, v_tok, layer_id=3)[0]) / 5
+
+
 def test_codebook_must_match_the_layout():
     k, v = _kv(1, 1, 16, 64, seed=0)
     rot = LayerRotation(1, 64, layer_id=0)

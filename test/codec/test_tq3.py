@@ -16,8 +16,10 @@ from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import (
     decode_pages,
     dequantize_values,
+    dequantize_keys,
     encode_pages,
     page_fields,
+    page_mean_keys,
     quantize_keys,
     quantize_values,
     sum_of_squares,
@@ -176,6 +178,53 @@ def test_layout_offsets():
         assert torch.equal(bits, field.reshape(2, -1).view(torch.int16).to(torch.int32) & 0xFFFF)
     end = layout.payload_bytes + layout.metadata_bytes
     assert torch.count_nonzero(pages[:, end:]) == 0
+
+
+@pytest.mark.parametrize("key_bits", [3, 4])
+def test_page_centered_keys_layout_and_recipe(key_bits):
+    """``key_center``: k_mean fp16 [H, D] after v_zero; the key fields are those of the rotated keys
+    minus that mean, the value fields those of the plain layout, bit for bit; decode adds the mean."""
+    from sglang_minima.codec.codebook import key_codebook
+
+    d = 64
+    plain = TQ3PageLayout(H, P, d, key_bits)
+    layout = TQ3PageLayout(H, P, d, key_bits, key_center=True)
+    assert layout.k_mean_offset == plain.payload_bytes + plain.metadata_bytes
+    assert layout.metadata_bytes == plain.metadata_bytes + H * d * 2 and layout.k_mean_bytes == H * d * 2
+    assert layout.page_bytes >= plain.page_bytes + H * d * 2
+    with pytest.raises(ValueError, match="no k_mean field"):
+        _ = plain.k_mean_offset
+    rot, cb = LayerRotation(H, d, layer_id=1), key_codebook(d, key_bits)
+    k, v = _kv(3, d, seed=5)
+    k = k + 20 * torch.randn(3, H, 1, d, generator=torch.Generator().manual_seed(6))  # a shared offset per page
+    pages, ref = encode_pages(k, v, layout, rot, cb), encode_pages(k, v, plain, rot, cb)
+    f, g = page_fields(pages, layout), page_fields(ref, plain)
+    k_rot = rot.rotate(k, head_axis=-3)
+    mean = page_mean_keys(k_rot)
+    assert torch.equal(f.k_mean, mean)
+    codes, norm = quantize_keys(k_rot - mean.float().unsqueeze(-2), cb)
+    assert torch.equal(unpack_codes(f.k_codes, KEY, P, d, key_bits), codes) and torch.equal(f.k_norm, norm)
+    assert torch.equal(f.v_codes, g.v_codes) and torch.equal(f.v_scale, g.v_scale) and torch.equal(f.v_zero, g.v_zero)
+    k_hat, v_hat = decode_pages(pages, layout, cb)
+    assert torch.equal(k_hat, dequantize_keys(codes, norm, cb) + mean.float().unsqueeze(-2))
+    assert torch.equal(v_hat, decode_pages(ref, plain, cb)[1])
+    err = lambda x: float(((x - k_rot) ** 2).sum() / (k_rot**2).sum())  # noqa: E731
+    assert err(k_hat) < err(decode_pages(ref, plain, cb)[0]) / 20  # the levels go to the residual
+    end = layout.payload_bytes + layout.metadata_bytes
+    assert torch.count_nonzero(pages[:, end:]) == 0
+
+
+def test_page_mean_keys_is_the_fixed_order_sum_over_tokens_divided_then_rounded():
+    x = torch.randn(2, 3, 48, 64) * 5  # 48 tokens: padded to 64 for the halving sum
+    s = torch.nn.functional.pad(x.transpose(-1, -2), (0, 16))
+    while s.shape[-1] > 1:
+        half = s.shape[-1] // 2
+        s = s[..., :half] + s[..., half:]
+    want = (s[..., 0].double() / 48).float().half()
+    assert torch.equal(page_mean_keys(x), want)
+    assert page_mean_keys(x).dtype == torch.float16 and page_mean_keys(x).shape == (2, 3, 64)
+    with pytest.raises(ValueError, match="mean key overflows fp16"):
+        page_mean_keys(torch.full((1, 1, 16, 64), 1e5))
 
 
 def test_input_dtypes_agree():

@@ -56,6 +56,31 @@ def test_prefix_hits_on_tq3_pages(default_server):
     assert after["fallbacks"] == 0 and after["peak_scratch_bytes"] > 0  # tiles decoded from TQ3 pages
 
 
+def test_page_centered_keys_serve_on_the_torch_path(tmp_path):
+    """``--minima-key-center``: TQ3 pages carry the mean-key field (the pool's page bytes say so), later
+    prefill chunks and the decode read them, and the programs answer with no fallback."""
+    from minima_test_support.server import launch
+
+    from sglang_minima.codec.layout import TQ3PageLayout
+
+    server = launch(["--minima-key-center", "--chunked-prefill-size", "128"], tmp_path / "center.log")
+    try:
+        pool = _minima(server.url)["pool"]
+        assert pool["tq3_key_center"] is True and pool["tq3_key_bits"] == 4
+        layout = TQ3PageLayout(pool["num_kv_heads"], pool["page_size"], pool["head_dim"], 4, key_center=True)
+        assert pool["tq3_page_bytes_per_layer"] == layout.page_bytes
+        assert layout.page_bytes - TQ3PageLayout(pool["num_kv_heads"], pool["page_size"], pool["head_dim"], 4).page_bytes \
+            == pool["num_kv_heads"] * pool["head_dim"] * 2
+        out = subprocess.run([sys.executable, "-c", SEQUENTIAL_PROGRAM, server.url],
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert all(a.strip() for a in json.loads(out.stdout.strip().splitlines()[-1])["answers"])
+        stats = _minima(server.url)["stats"]
+        assert stats["retier"]["pages"] > 0 and stats["route_tq3_pages"] > 0 and stats["fallbacks"] == 0
+    finally:
+        server.stop()
+
+
 def _stream(url: str, text: str, max_new_tokens: int, abort_after: int | None, results: list, i: int) -> None:
     body = {"text": text, "stream": True,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}

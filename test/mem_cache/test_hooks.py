@@ -115,17 +115,20 @@ def test_cell_size_is_the_blended_bytes_per_token(monkeypatch, key_bits):
     assert cell_size_hook(sglang_cell, None, kvc, 30) == cell
 
 
-@pytest.mark.parametrize("key_bits", [3, 4])
-def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch, key_bits):
-    config = MinimaConfig(fp8_page_fraction=0.25, key_bits=key_bits)
+@pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)])
+def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch, key_bits, key_center):
+    config = MinimaConfig(fp8_page_fraction=0.25, key_bits=key_bits, key_center=key_center)
     _select(monkeypatch, config)
     pages, layers = 64, 3
     pool = MinimaKVPool(pages * 64, page_size=64, dtype=torch.bfloat16, head_num=3, head_dim=64, layer_num=layers,
                         device="cpu", enable_memory_saver=False)
     assert pool.layout.key_bits == key_bits and pool.codebook.levels == 1 << key_bits
-    assert pool.tq3_buffer(0).shape[1] == TQ3PageLayout(3, 64, 64, key_bits).page_bytes
+    tq3_page = TQ3PageLayout(3, 64, 64, key_bits, key_center).page_bytes
+    assert pool.tq3_buffer(0).shape[1] == tq3_page and pool.layout.key_center == key_center
+    # page-centered keys: 3 heads x 64 dims of fp16 more per page, on the K side
+    assert tq3_page - TQ3PageLayout(3, 64, 64, key_bits).page_bytes == (3 * 64 * 2 if key_center else 0)
     cell = minima_cell_size(config, num_kv_heads=3, head_dim=64, num_layers=layers, page_size=64, model_dtype_bytes=2)
-    padding = 64 * (2 * 3 * 64 + TQ3PageLayout(3, 64, 64, key_bits).page_bytes / 64) * layers  # one padding page each
+    padding = 64 * (2 * 3 * 64 + tq3_page / 64) * layers  # one padding page each
     shortfall = cell * pages * 64 - (sum(pool.get_kv_size_bytes()) - padding)
     # ceil() gives under a byte per token; round() of the FP8 page count under half a page.
     assert 0 <= shortfall <= pages * 64 + layers * 64 * 2 * 3 * 64 / 2

@@ -42,6 +42,28 @@ def test_retier_then_promote_keeps_pages_readable(fp8, key_bits):
     assert store.stats.retier.pages == 3 and store.stats.promote.pages == 2
 
 
+def test_page_centered_keys_convert_and_promote_through_the_codec():
+    """``--minima-key-center``: the store's TQ3 pages carry the mean-key field, a conversion writes the
+    codec's bytes for the page's FP8 keys, and a page whose keys share a large offset reads back
+    closer than the plain 4-bit code gets it."""
+    errs = {}
+    for center in (False, True):
+        store = make_store(key_bits=4, key_center=center)
+        assert store.layout.key_center == center and store.tq3[0].shape[1] == store.layout.page_bytes
+        pages = torch.tensor([2, 5])
+        store.map_new(pages)
+        slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
+        k, v = random_kv(slots.numel(), torch.Generator().manual_seed(3))
+        k = k + 8 * torch.randn(k.shape[0], 1, k.shape[2], k.shape[3], generator=torch.Generator().manual_seed(4))
+        write_tokens(store, slots, k, v)
+        assert store.retier(pages) == 2
+        k = k.view(k.shape[0], -1, PS, *k.shape[2:])
+        errs[center] = max(rel_err(read_page(store, p, layer)[0], k[layer, i])
+                           for i, p in enumerate(pages.tolist()) for layer in range(2))
+        assert store.promote(pages[:1]) == 1 and store.page_table.fmt[2] == FMT_HOT
+    assert errs[True] < errs[False] / 2, errs
+
+
 def test_only_sealed_hot_pages_are_converted():
     store = make_store()
     store.map_new(torch.tensor([1, 2]))

@@ -29,9 +29,11 @@ from sglang_minima.ops.lut_decode import (
 K_SCALE, V_SCALE = 0.5, 0.25
 
 
-def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype=torch.uint8, layer=0, key_bits=3):
+def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype=torch.uint8, layer=0, key_bits=3,
+          key_center=False, key_offset=0.0):
     """One layer's page table and hot + TQ3 buffers: request i on its own logical pages (in a shuffled
-    physical order), each full page TQ3 with probability ``stale``; the partial last page stays hot."""
+    physical order), each full page TQ3 with probability ``stale``; the partial last page stays hot.
+    ``key_offset``: every key of a page also carries one random vector of that scale per head."""
     g = torch.Generator().manual_seed(seed)
     ps, h, d = page_size, kv_heads, head_dim
     pages = [-(-n // ps) for n in kv_lens]
@@ -39,7 +41,7 @@ def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype
     fmt = torch.zeros(total + 1, dtype=torch.int8)
     phys = torch.zeros(total + 1, dtype=torch.int32)
     req_to_token = torch.zeros(len(kv_lens), max(pages) * ps, dtype=torch.int32)
-    layout, codebook = TQ3PageLayout(h, ps, d, key_bits), key_codebook(d, key_bits)
+    layout, codebook = TQ3PageLayout(h, ps, d, key_bits, key_center), key_codebook(d, key_bits)
     rotation = LayerRotation(h, d, layer, seed=3)
     fp8 = hot_dtype == torch.uint8
     hot_k = torch.zeros((total + 1) * ps, h, d, dtype=hot_dtype)
@@ -51,7 +53,7 @@ def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype
     for row, (n, kv) in enumerate(zip(pages, kv_lens)):
         for j in range(n):
             req_to_token[row, j * ps : (j + 1) * ps] = torch.arange(lp * ps, (lp + 1) * ps)
-            k = torch.randn(ps, h, d, generator=g) * 2
+            k = torch.randn(ps, h, d, generator=g) * 2 + key_offset * torch.randn(1, h, d, generator=g)
             v = torch.randn(ps, h, d, generator=g)
             partial = j == n - 1 and kv % ps
             if not partial and float(torch.rand((), generator=g)) < stale:
@@ -117,6 +119,24 @@ def test_four_bit_keys_match_the_reference_batched_decode(kv_lens, stale, tile_p
     pool = _pool(kv_lens, stale, seed, ps, h, d, key_bits=4)
     assert pool[4].key_bits == 4 and pool[5].levels == 16
     q = torch.randn(len(kv_lens), hq, d, generator=torch.Generator().manual_seed(seed + 1)) * 2
+    want, got = _both(*pool, q, tile_pages)
+    _close(got, want)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    kv_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
+    stale=st.sampled_from([0.5, 1.0]),
+    tile_pages=st.sampled_from([1, 32]),
+    key_bits=st.sampled_from([3, 4]),
+    seed=st.integers(0, 10_000),
+)
+def test_page_centered_keys_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, seed):
+    """Page-centered keys (``key_center``): the page's mean key enters the scores as one q . mean per
+    page and head, as the codec decodes it; keys share a large offset per page (post-RoPE keys do)."""
+    pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=True, key_offset=6.0)
+    assert pool[4].key_center
+    q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
     want, got = _both(*pool, q, tile_pages)
     _close(got, want)
 

@@ -52,7 +52,8 @@ def test_4bit_keys_on_gpu_serve_the_kernels(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"],
-                                         ["--minima-anchor-window", "64", "--minima-anchor-pages", "4"]])
+                                         ["--minima-anchor-window", "64", "--minima-anchor-pages", "4"],
+                                         ["--minima-key-center"]])
 def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path), *minima_flags])

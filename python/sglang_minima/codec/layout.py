@@ -12,9 +12,12 @@ One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one co
     + kc + vc                      k_norm   fp16  [num_kv_heads, page_size]   key norm correction
     + kc + vc + meta               v_scale  fp16  [num_kv_heads, page_size]
     + kc + vc + 2*meta             v_zero   fp16  [num_kv_heads, page_size]
+    + kc + vc + 3*meta             k_mean   fp16  [num_kv_heads, head_dim]    (``key_center`` only)
 
 (kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV
-head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, this class's default) or 4
+head reads one contiguous run of codes per page. With ``key_center`` (page-centered keys) the key
+codes and norms are those of each rotated key minus its page's mean key per head, and ``k_mean`` holds
+that mean (rounded to fp16): 16 bits per key element per page, 0.25 per element at 64-token pages. ``key_bits`` is 3 (TQ3, this class's default) or 4
 (keys with a 16-level codebook: the server's default, ``--minima-key-bits``); values are always 3-bit.
 
 Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
@@ -112,6 +115,7 @@ class TQ3PageLayout:
     page_size: int
     head_dim: int
     key_bits: int = TQ3_BITS
+    key_center: bool = False
 
     def __post_init__(self) -> None:
         if self.key_bits not in KEY_BITS_CHOICES:
@@ -225,14 +229,26 @@ class TQ3PageLayout:
         return self.payload_bytes + 2 * self.meta_bytes
 
     @property
+    def k_mean_offset(self) -> int:
+        """The page's mean keys per head, fp16 [H, D] (``key_center`` only)."""
+        if not self.key_center:
+            raise ValueError("TQ3PageLayout.k_mean_offset: this layout has no k_mean field (key_center=False)")
+        return self.payload_bytes + (K_META_FIELDS + V_META_FIELDS) * self.meta_bytes
+
+    @property
+    def k_mean_bytes(self) -> int:
+        """Bytes of the k_mean field of one page: H*D fp16 with ``key_center``, else 0."""
+        return self.num_kv_heads * self.head_dim * META_DTYPE_BYTES if self.key_center else 0
+
+    @property
     def payload_bytes(self) -> int:
         """Code bytes of one page (K and V)."""
         return self.k_code_bytes + self.v_code_bytes
 
     @property
     def metadata_bytes(self) -> int:
-        """Norm / scale / zero bytes of one page."""
-        return (K_META_FIELDS + V_META_FIELDS) * self.meta_bytes
+        """Norm / scale / zero (and, with ``key_center``, mean-key) bytes of one page."""
+        return (K_META_FIELDS + V_META_FIELDS) * self.meta_bytes + self.k_mean_bytes
 
     @property
     def page_bytes(self) -> int:

@@ -4,6 +4,8 @@ Keys (rotated k', per token): norm n, codes against the Lloyd-Max thresholds of 
 an fp16 norm correction s = n / ||centroids[c]||, so k̂' = s·centroids[c] has norm n. The codes are
 3-bit (TQ3) or, with ``TQ3PageLayout.key_bits == 4``, 4-bit against the 16-level codebook
 (``codebook.key_codebook``); the recipe is the same.
+Page-centered keys (``TQ3PageLayout.key_center``): the recipe codes k' - m instead, m the page's
+mean rotated key per head (fp16), and decodes s·centroids[c] + m.
 Values (rotated v', per token): fp16 zero = min, fp16 scale = (max - min)/7, uniform 3-bit codes.
 The exact arithmetic (order, rounding) is specified in docs/TQ3P.md; each step below is one IEEE
 fp32 operation so a kernel can replicate it. Decoded K/V stay in the rotated space: attention uses
@@ -44,7 +46,22 @@ def _sqrt(a: torch.Tensor) -> torch.Tensor:
 def sum_of_squares(x: torch.Tensor) -> torch.Tensor:
     """fp32 sum of x_i^2 over the last dim in a fixed order: zero-pad to a power of two P, then
     repeatedly s[i] = s[i] + s[i + P/2] until one element is left."""
-    s = x.to(torch.float32) * x.to(torch.float32)
+    return _tree_sum(x.to(torch.float32) * x.to(torch.float32))
+
+
+def page_mean_keys(k_rot: torch.Tensor) -> torch.Tensor:
+    """Rotated keys of pages [..., P, D] -> each page's mean key per head, fp16 [..., D]: the fp32 sum
+    over the P tokens in ``sum_of_squares``' order, divided by P (one correctly rounded fp32
+    division), rounded to fp16."""
+    k = k_rot.to(torch.float32)
+    total = _tree_sum(k.transpose(-1, -2))
+    mean = _div(total, torch.full_like(total, float(k.shape[-2]))).to(torch.float16)
+    _check_finite_fp16(mean, "mean key")
+    return mean
+
+
+def _tree_sum(s: torch.Tensor) -> torch.Tensor:
+    """fp32 sum over the last dim, zero-padded to a power of two and halved until one element is left."""
     d = s.shape[-1]
     p = 1 << max(d - 1, 0).bit_length()
     if p != d:
@@ -134,6 +151,7 @@ class TQ3PageFields:
     k_norm: torch.Tensor  # fp16 [N, H, P]
     v_scale: torch.Tensor  # fp16 [N, H, P]
     v_zero: torch.Tensor  # fp16 [N, H, P]
+    k_mean: torch.Tensor | None = None  # fp16 [N, H, D] (``key_center`` layouts only)
 
 
 def page_fields(pages: torch.Tensor, layout: TQ3PageLayout) -> TQ3PageFields:
@@ -147,12 +165,17 @@ def page_fields(pages: torch.Tensor, layout: TQ3PageLayout) -> TQ3PageFields:
     def meta(off: int) -> torch.Tensor:
         return pages[:, off : off + layout.meta_bytes].view(torch.float16).view(n, h, p)
 
+    k_mean = None
+    if layout.key_center:
+        off = layout.k_mean_offset
+        k_mean = pages[:, off : off + layout.k_mean_bytes].view(torch.float16).view(n, h, layout.head_dim)
     return TQ3PageFields(
         codes(layout.k_codes_offset, layout.k_head_code_bytes),
         codes(layout.v_codes_offset, layout.v_head_code_bytes),
         meta(layout.k_norm_offset),
         meta(layout.v_scale_offset),
         meta(layout.v_zero_offset),
+        k_mean,
     )
 
 
@@ -213,7 +236,11 @@ def encode_pages(
     if kf.shape[0] != vf.shape[0]:
         raise ValueError(f"encode_pages: k has {kf.shape[0]} pages, v has {vf.shape[0]}")
     n = kf.shape[0]
-    k_codes, k_norm = quantize_keys(rotation.rotate(kf, head_axis=-3), codebook)
+    k_rot = rotation.rotate(kf, head_axis=-3)
+    k_mean = page_mean_keys(k_rot) if layout.key_center else None
+    if k_mean is not None:  # the code spends its levels on how keys differ within the page
+        k_rot = k_rot - k_mean.to(torch.float32).unsqueeze(-2)
+    k_codes, k_norm = quantize_keys(k_rot, codebook)
     v_codes, v_scale16, v_zero16 = quantize_values(rotation.rotate(vf, head_axis=-3))
     parts = [
         pack_codes(k_codes, KEY, layout.key_bits).reshape(n, -1),
@@ -222,6 +249,8 @@ def encode_pages(
         v_scale16.reshape(n, -1).view(torch.uint8),
         v_zero16.reshape(n, -1).view(torch.uint8),
     ]
+    if k_mean is not None:
+        parts.append(k_mean.reshape(n, -1).view(torch.uint8))
     pad = layout.page_bytes - layout.payload_bytes - layout.metadata_bytes
     parts.append(torch.zeros(n, pad, dtype=torch.uint8, device=kf.device))
     return torch.cat(parts, dim=1)
@@ -245,7 +274,10 @@ def decode_page_keys(pages: torch.Tensor, layout: TQ3PageLayout, codebook: Codeb
 def _keys_of(f: TQ3PageFields, layout: TQ3PageLayout, codebook: Codebook) -> torch.Tensor:
     check_codebook(codebook, layout, "decode_pages")
     codes = unpack_codes(f.k_codes, KEY, layout.page_size, layout.head_dim, layout.key_bits)
-    return dequantize_keys(codes, f.k_norm, codebook)
+    keys = dequantize_keys(codes, f.k_norm, codebook)
+    if f.k_mean is not None:
+        keys = keys + f.k_mean.to(torch.float32).unsqueeze(-2)
+    return keys
 
 
 def to_original_space(x_rot: torch.Tensor, rotation: LayerRotation) -> torch.Tensor:

@@ -81,6 +81,9 @@ def kernel_conversions(store) -> KernelConversions | None:
     s = store.shape
     if store.device.type != "cuda":
         return None
+    if s.key_center:
+        logger.info("Minima: conversions on the torch codec (the kernels do not write page-centered keys)")
+        return None
     if not store.is_fp8 or not is_power_of_two(s.head_dim):
         logger.info(
             "Minima: conversions on the torch codec (the kernels need FP8 hot pages and a power-of-two "

@@ -80,6 +80,7 @@ class MinimaKVPool(MHATokenToKVPool):
             head_dim=self.head_dim,
             hot_dtype=self.dtype,
             key_bits=cfg.key_bits,
+            key_center=cfg.key_center,
         )
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.store = TieredPageStore(
@@ -102,7 +103,7 @@ class MinimaKVPool(MHATokenToKVPool):
         """Allocated bytes, K side and V side: hot buffers plus each side's share of the TQ3 pages."""
         layout, n = self.layout, self.store.shape.num_tq3_pages + 1
         hot = self.store.hot_k[0].numel() * self.store.hot_k[0].element_size() if self.layer_num else 0
-        k_tq3 = layout.k_code_bytes + layout.meta_bytes
+        k_tq3 = layout.k_code_bytes + layout.meta_bytes + layout.k_mean_bytes
         v_tq3 = layout.page_bytes - k_tq3
         return self.layer_num * (hot + n * k_tq3), self.layer_num * (hot + n * v_tq3)
 

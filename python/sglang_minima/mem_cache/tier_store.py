@@ -77,7 +77,7 @@ def minima_cell_size(
     unsupported geometry is refused here, before any allocation."""
     check_geometry(page_size, head_dim)
     hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
-    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim, config.key_bits).page_bytes / page_size
+    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim, config.key_bits, config.key_center).page_bytes / page_size
     fraction = 1.0 if config.disable_stale else config.fp8_page_fraction
     return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
@@ -110,6 +110,8 @@ class StoreShape:
     """Logical dtype of hot pages: torch.float8_e4m3fn, or the model dtype."""
     key_bits: int = TQ3_BITS
     """Key code width of TQ3 pages (``--minima-key-bits``, whose default is 4): 3 or 4."""
+    key_center: bool = False
+    """Page-centered keys in TQ3 pages (``--minima-key-center``)."""
 
     def __post_init__(self) -> None:
         check_geometry(self.page_size, self.head_dim)
@@ -125,7 +127,7 @@ class StoreShape:
 
     @property
     def layout(self) -> TQ3PageLayout:
-        return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim, self.key_bits)
+        return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim, self.key_bits, self.key_center)
 
 
 @dataclass

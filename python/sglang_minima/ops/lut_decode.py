@@ -194,9 +194,13 @@ def lut_tq3_batch_decode(
         )
         fields = key_pair_fields(pw[:, k0 : k0 + k_words].view(n, h, -1), ps, d, layout.key_bits)
         k = pairs.index_select(0, fields.view(-1)).view(torch.float32).view(n * h, ps, d)
-        s = torch.bmm(qs.index_select(0, req).view(n * h, g, d), k.transpose(1, 2)).view(n, h, g, ps)
+        q_req = qs.index_select(0, req).view(n * h, g, d)
+        s = torch.bmm(q_req, k.transpose(1, 2)).view(n, h, g, ps) * k_norm
+        if layout.key_center:  # the page's mean key, added back: one q . mean per page, head and query
+            mean = fp16[:, layout.k_mean_offset // 2 : layout.k_mean_offset // 2 + h * d].to(torch.float32)
+            s = s + torch.bmm(q_req, mean.view(n * h, d, 1)).view(n, h, g, 1)
         visible = _visibility(tq3.page_index[span], req, kv_lens, ps)
-        p, m, denom = _segment_softmax(s * k_norm, req, visible, b)
+        p, m, denom = _segment_softmax(s, req, visible, b)
         # values scale * code + zero: the scale folds into the weights, the zero into their sum
         v = code_ints(pw[:, v0 : v0 + v_words].view(n, h, -1), VALUE, ps, d).to(torch.float32)
         w = p * v_scale

@@ -34,6 +34,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
             "head_dim": shape.head_dim,
             "hot_dtype": str(shape.hot_dtype).removeprefix("torch."),
             "tq3_key_bits": store.layout.key_bits,
+            "tq3_key_center": store.layout.key_center,
             "tq3_page_bytes_per_layer": store.layout.page_bytes,
             "quarantined_pages": store.num_quarantined,
             "step": store.step,

@@ -70,6 +70,11 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             raise ValueError(
                 "--attention-backend minima reads FP8 hot pages; with --minima-hot-dtype auto use minima_native"
             )
+        if pool.layout.key_center:
+            raise ValueError(
+                "--attention-backend minima: the kernels do not read page-centered keys; with --minima-key-center "
+                "use minima_native"
+            )
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._wrapper = None  # built at the first decode layer: its head counts, dtype and scale are the layer's
         self._wrapper_key: tuple | None = None
