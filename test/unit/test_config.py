@@ -75,6 +75,7 @@ def test_key_bits_flag():
     assert MinimaConfig().key_bits == 4
     assert parse_minima_argv(["--minima-key-bits", "4"]).key_bits == 4
     assert parse_minima_argv(["--minima-key-bits=3"]).key_bits == 3
+    assert parse_minima_argv(["--minima-key-center"]).key_center and not parse_minima_argv([]).key_center
     for bad in (5, 0, 3.0, True):  # the environment's JSON path: the same check, naming the flag
         with pytest.raises(ValueError, match=r"--minima-key-bits must be one of 3, 4, got"):
             MinimaConfig(key_bits=bad)
