@@ -20,7 +20,7 @@ chunk is the prefill chunk size in tokens, or ``all`` for one chunk. Modifiers a
 ``+``-joined: ``+defer`` (k4 and the others: convert nothing until the prefill has ended, as ``defer``
 does for tq3), ``+center`` (page-centered keys: each Stale page's mean key per head, in fp16, is
 subtracted before the key code and added back after it; 16 bits per key element per page, 0.25 bits
-per element at 64-token pages; emulated only) and ``+snap<A>`` (observation-window Anchors, the SnapKV rule: when the prefill ends, the
+per element at 64-token pages; the codec's ``key_center`` pages, served with ``--minima-key-center``) and ``+snap<A>`` (observation-window Anchors, the SnapKV rule: when the prefill ends, the
 attention mass of the prompt's last ``--snap-window`` queries, summed over layers and heads, picks the
 ``A`` Stale pages that stay FP8 for the rest of the request; pages already converted stay TQ3), e.g.
 ``k4+defer+snap4@256``.

@@ -285,8 +285,10 @@ def test_bad_inputs():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_gpu_bytes_match_cpu(d):
-    layout, rot, cb = _setup(d)
+@pytest.mark.parametrize("key_center", [False, True], ids=["plain", "key_center"])
+def test_gpu_bytes_match_cpu(d, key_center):
+    _, rot, cb = _setup(d)
+    layout = TQ3PageLayout(H, P, d, key_center=key_center)  # the mean's fixed-order sum: the same bits too
     k, v = _kv(256, d, seed=4, dtype=torch.bfloat16)
     gpu_rot = LayerRotation(H, d, layer_id=1, device="cuda")
     cpu = encode_pages(k, v, layout, rot, cb)
