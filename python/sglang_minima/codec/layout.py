@@ -15,10 +15,11 @@ One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one co
     + kc + vc + 3*meta             k_mean   fp16  [num_kv_heads, head_dim]    (``key_center`` only)
 
 (kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV
-head reads one contiguous run of codes per page. With ``key_center`` (page-centered keys) the key
-codes and norms are those of each rotated key minus its page's mean key per head, and ``k_mean`` holds
-that mean (rounded to fp16): 16 bits per key element per page, 0.25 per element at 64-token pages. ``key_bits`` is 3 (TQ3, this class's default) or 4
+head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, this class's default) or 4
 (keys with a 16-level codebook: the server's default, ``--minima-key-bits``); values are always 3-bit.
+With ``key_center`` (page-centered keys, ``--minima-key-center``) the key codes and norms are those of
+each rotated key minus its page's mean key per head, and ``k_mean`` holds that mean (rounded to fp16):
+16 bits per key element per page, 0.25 per element at 64-token pages.
 
 Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
 so that each lane of a warp copies its own words with coalesced vector copies and turns them into
@@ -104,7 +105,7 @@ WORD_BITS = {
 
 @dataclass(frozen=True)
 class TQ3PageLayout:
-    """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim, key_bits).
+    """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim, key_bits, key_center).
 
     ``key_bits`` is the key code width, 3 (TQ3) or 4; values are 3-bit either way. With 4-bit keys
     the key and value code blocks differ in size: ``k_code_bytes`` / ``v_code_bytes`` (and the
