@@ -158,12 +158,15 @@ def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeyp
     assert kern.retier(pages) == 4  # the next batch converts them
 
 
-def test_page_centered_keys_convert_on_the_torch_codec():
-    """The kernels do not write page-centered keys: a store with them converts through the codec."""
-    shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
-                       head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4, key_center=True)
-    cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
-    assert kernel_conversions.kernel_conversions(cuda_like) is None
+def test_page_centered_keys_convert_on_the_torch_codec(monkeypatch):
+    """The kernels do not write page-centered keys: where they would serve the same store without
+    them (kernels importable), a store with them converts through the codec."""
+    monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
+    for center in (False, True):
+        shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
+                           head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4, key_center=center)
+        cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
+        assert (kernel_conversions.kernel_conversions(cuda_like) is None) == center
 
 
 def test_four_bit_keys_take_the_kernels_of_their_width(monkeypatch):
