@@ -142,17 +142,13 @@ def _per_dim(bits: Callable[[int], float]) -> Callable[[int, int], float]:
     return lambda d, n: bits(d)
 
 
-def _tq3_k(d: int) -> float:
-    return tq3_bits(d).key
+def _key_bits(key_bits: int, centered: bool = False) -> Callable[[int], float]:
+    """Bits per key element of a TQ3 key code of ``key_bits`` bits (its norm included); ``centered``:
+    page-centered keys, one fp16 mean more per page, head and dimension."""
+    return lambda d: tq3_bits(d, key_bits=key_bits, centered_page_size=PAGE_SIZE if centered else None).key
 
 
-def _tq3_k4(d: int) -> float:
-    return tq3_bits(d, key_bits=4).key
-
-
-def _centered(key_bits: int) -> Callable[[int], float]:
-    """A page-centered key code's bits: the code's, and one fp16 mean per page, head and dimension."""
-    return lambda d: tq3_bits(d, key_bits=key_bits, centered_page_size=PAGE_SIZE).key
+_tq3_k = _key_bits(3)
 
 
 def _tq3_v(d: int) -> float:
@@ -167,11 +163,11 @@ METHODS = [
     Method("tq3-norot", _per_dim(_tq3_k), _per_dim(_tq3_v), _tq3_no_rotation),
     Method("tq3", _per_dim(_tq3_k), _per_dim(_tq3_v), _tq3),
     Method("tq3-lmv", _per_dim(_tq3_k), _per_dim(_tq3_k), _tq3_lloyd_values),
-    Method("tq3-center", _per_dim(_centered(3)), _per_dim(_tq3_v), _tq3_pages(3, key_center=True)),
-    Method("tq3-k4", _per_dim(_tq3_k4), _per_dim(_tq3_v), _tq3_pages(4)),
-    Method("tq3-k4-center", _per_dim(_centered(4)), _per_dim(_tq3_v), _tq3_pages(4, key_center=True)),
+    Method("tq3-center", _per_dim(_key_bits(3, centered=True)), _per_dim(_tq3_v), _tq3_pages(3, key_center=True)),
+    Method("tq3-k4", _per_dim(_key_bits(4)), _per_dim(_tq3_v), _tq3_pages(4)),
+    Method("tq3-k4-center", _per_dim(_key_bits(4, centered=True)), _per_dim(_tq3_v), _tq3_pages(4, key_center=True)),
     Method("minima-tiers", _minima_bits(_tq3_k), _minima_bits(_tq3_v), _minima),
-    Method("minima-tiers-k4", _minima_bits(_tq3_k4), _minima_bits(_tq3_v), _tiers(_tq3_pages(4))),
-    Method("minima-tiers-k4-center", _minima_bits(_centered(4)), _minima_bits(_tq3_v),
+    Method("minima-tiers-k4", _minima_bits(_key_bits(4)), _minima_bits(_tq3_v), _tiers(_tq3_pages(4))),
+    Method("minima-tiers-k4-center", _minima_bits(_key_bits(4, centered=True)), _minima_bits(_tq3_v),
            _tiers(_tq3_pages(4, key_center=True))),
 ]
