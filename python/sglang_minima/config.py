@@ -143,6 +143,17 @@ def flag_name(field_name: str) -> str:
     return FLAG_PREFIX + field_name.replace("_", "-")
 
 
+def negated_flag_name(field_name: str) -> str:
+    """The flag that turns a boolean setting off: ``--minima-no-<field-with-dashes>``."""
+    return flag_name("no_" + field_name)
+
+
+def _is_bool_flag(name: str) -> bool:
+    """Whether ``name`` (a flag without ``--minima-``, dashes as underscores) takes no value."""
+    bools = {f.name for f in fields(MinimaConfig) if f.type in (bool, "bool")}
+    return name in bools or (name.startswith("no_") and name[3:] in bools)
+
+
 def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
     """Add one ``--minima-*`` flag per MinimaConfig field (ServerArgs style)."""
     group = parser.add_argument_group("Minima-KV")
@@ -150,7 +161,10 @@ def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
         dest = "minima_" + f.name
         doc = f.metadata["help"]
         if f.type in (bool, "bool"):
-            group.add_argument(flag_name(f.name), dest=dest, action="store_true", help=doc)
+            # a pair, so that a default can be turned either way: --minima-x / --minima-no-x
+            group.add_argument(flag_name(f.name), dest=dest, action="store_true", default=f.default,
+                               help=f"{doc} (default: {'on' if f.default else 'off'}; {negated_flag_name(f.name)} turns it off)")
+            group.add_argument(negated_flag_name(f.name), dest=dest, action="store_false", help=argparse.SUPPRESS)
         else:
             py_type = {"int": int, "float": float, "str": str}[str(f.type)]
             choices = {"hot_dtype": HOT_DTYPES, "key_bits": KEY_BITS}.get(f.name)
@@ -176,8 +190,7 @@ def split_minima_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         elif arg.startswith(FLAG_PREFIX):
             minima_args.append(arg)
             name = arg.split("=", 1)[0][len(FLAG_PREFIX):].replace("-", "_")
-            is_bool = any(f.name == name and f.type in (bool, "bool") for f in fields(MinimaConfig))
-            take_value = "=" not in arg and not is_bool
+            take_value = "=" not in arg and not _is_bool_flag(name)
         else:
             rest.append(arg)
     return minima_args, rest

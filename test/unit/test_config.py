@@ -28,6 +28,24 @@ def test_parse_builds_validated_config():
     assert cfg == dataclasses.replace(MinimaConfig(), recent_pages=3, disable_stale=True, fp8_page_fraction=0.5)
 
 
+def test_every_boolean_flag_turns_its_setting_either_way(monkeypatch):
+    """``--minima-x`` sets, ``--minima-no-x`` clears, the last one given wins: a boolean whose default
+    is on can still be turned off (and the split keeps both spellings without a value)."""
+    bools = [f for f in dataclasses.fields(MinimaConfig) if f.type in (bool, "bool")]
+    assert bools
+    for f in bools:
+        on, off = "--minima-" + f.name.replace("_", "-"), "--minima-no-" + f.name.replace("_", "-")
+        minima, rest = split_minima_argv([off, "--port", "3000", on])
+        assert minima == [off, on] and rest == ["--port", "3000"]
+        assert getattr(parse_minima_argv([off, on]), f.name) is True
+        assert getattr(parse_minima_argv([on, off]), f.name) is False
+        assert getattr(parse_minima_argv([]), f.name) is f.default
+    # a default that is on (patched here: none is yet): the negated flag turns it off
+    monkeypatch.setattr(MinimaConfig.__dataclass_fields__["disable_stale"], "default", True)
+    assert parse_minima_argv([]).disable_stale is True
+    assert parse_minima_argv(["--minima-no-disable-stale"]).disable_stale is False
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--minima-recent-pagez", "1"], "--minima-recent-pagez"),
     (["--minima-recent-pages", "0"], "--minima-recent-pages"),
