@@ -130,6 +130,10 @@ ARMS: dict[str, ArmSpec] = {
         *(ArmSpec(f"minima-k4-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
           for n in (8, 16)),
         ArmSpec("minima-k4-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
+        # the page after the sink kept hot too: needles there lose most (needle_tiers.py)
+        ArmSpec("minima-k4-sink2", "sglang_minima.launch_server", ("--minima-sink-pages", "2")),
+        ArmSpec("minima-k4-defer-sink2", "sglang_minima.launch_server",
+                ("--minima-sink-pages", "2", "--minima-defer-prefill-conversion")),
         # page-centered keys (the torch path serves them: minima_native on CUDA too)
         ArmSpec("minima-k4-center", "sglang_minima.launch_server", ("--minima-key-center",)),
         # observation-window Anchors: the 4 pages a prompt's last 64 tokens attend most stay hot (with
@@ -180,7 +184,8 @@ def minima_stats(url: str) -> dict[str, int] | None:
     if not minima or not minima.get("active"):
         return None
     stats = minima["stats"]
-    return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"])}
+    return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"]),
+                                                    "pressure_retier_pages": int(stats["pressure_retier_pages"])}
 
 
 def stats_delta(prev: dict[str, int] | None, cur: dict[str, int] | None) -> dict[str, int] | None:

@@ -1,6 +1,7 @@
 """Why chunked prefill over Stale pages loses retrieval: an in-process emulation of Minima's KV.
 
-The model runs in Hugging Face transformers (fp32); every attention call reads its keys and values
+The model runs in Hugging Face transformers (fp32, or the served bf16 with ``--dtype bfloat16``:
+attention still scores in fp32 over the cache); every attention call reads its keys and values
 the way Minima stores them: FP8 e4m3 for hot pages, and, for the pages Minima's controller would
 have converted before that step, the TQ3 round trip of those FP8 bytes (``encode_pages`` /
 ``decode_pages`` / ``to_original_space``: the project's codec, bit for bit). The page schedule
@@ -149,13 +150,13 @@ class KVState:
 
 class MinimaEmulation:
     def __init__(self, model_dir: Path, tiers: Tiers, rotation_seed: int = 0, device: str = "cpu",
-                 snap_window: int = 64):
+                 snap_window: int = 64, dtype: torch.dtype = torch.float32):
         from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         AttentionInterface.register("minima_emulation", self._attention)
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="minima_emulation"
+            model_dir, dtype=dtype, attn_implementation="minima_emulation"
         ).eval().to(device)
         self.device = torch.device(device)
         cfg = self.model.config
@@ -369,6 +370,9 @@ def main() -> None:
                          "reads TQ3 pages and report its largest deviation from the dense reference")
     ap.add_argument("--out", type=Path, default=None, help="JSON with every answer and trace")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the device harness: seconds, not hours)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the model's weights and activations (bfloat16: the served model's; attention still "
+                         "scores in fp32 over the cache, as the kernels do, and returns the model's dtype)")
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="start no example after this many seconds from launch (a device call's limit; one example "
                          "takes ~11 s of the H200 for four modes); the report covers the examples done")
@@ -388,7 +392,8 @@ def main() -> None:
     tiers = Tiers(recent_pages=args.recent_pages, sink_pages=args.sink_pages)
     modes = args.modes.split(",")
     parsed = {m: Mode.parse(m) for m in modes}  # a bad mode fails before the model loads
-    emu = MinimaEmulation(default_model_dir(), tiers, device=args.device, snap_window=args.snap_window)
+    emu = MinimaEmulation(default_model_dir(), tiers, device=args.device, snap_window=args.snap_window,
+                          dtype=getattr(torch, args.dtype))
     per_task: list[list[Example]] = []
     for task in args.tasks.split(","):
         if task not in TASKS:
@@ -422,7 +427,7 @@ def main() -> None:
                 hidden_ref[m.chunk] = hidden
             ref = hidden_ref.get(m.chunk)
             r["hidden_err"].append(
-                [float((h - g).norm() / g.norm()) for h, g in zip(hidden, ref)] if ref else []
+                [float((h.float() - g.float()).norm() / g.float().norm()) for h, g in zip(hidden, ref)] if ref else []
             )
         if args.out:  # every example's records as it ends: a run cut short keeps what it answered
             _write(args, {"results": results, "examples": [e.key for e in done]})

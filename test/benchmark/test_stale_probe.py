@@ -52,6 +52,23 @@ def _emulation(snap_window: int, state: KVState, page_size: int = 4, recent: int
     return emu
 
 
+def test_a_bf16_model_is_attended_in_fp32_over_fp8_bytes_and_answered_in_bf16():
+    """``--dtype bfloat16``: the emulated cache stores the bf16 keys' FP8 bytes (as set_kv_buffer casts
+    them), scores in fp32 and hands the model bf16, what a served attention layer returns."""
+    torch.manual_seed(0)
+    emu = _emulation(64, KVState(kv_mode="fp8"), page_size=8)
+
+    class Layer:
+        layer_idx = 0
+
+    q, k, v = (torch.randn(1, h, 12, 64).to(torch.bfloat16) for h in (4, 2, 2))  # [batch, heads, tokens, dim]
+    out, _ = emu._attention(Layer(), q, k, v, None, scaling=0.125)
+    assert out.dtype == torch.bfloat16 and out.shape == (1, 12, 4, 64)
+    e4m3 = lambda x: x[0].transpose(0, 1).to(torch.float8_e4m3fn).to(torch.float32)  # noqa: E731
+    want, _ = attend(q[0].transpose(0, 1), e4m3(k), e4m3(v), 0.125, causal_mask(torch.arange(12), torch.arange(12)))
+    torch.testing.assert_close(out[0], want.to(torch.bfloat16), rtol=0, atol=0)
+
+
 def test_the_window_is_the_softmax_weight_of_the_chunks_last_queries_summed_over_heads_and_layers():
     torch.manual_seed(0)
     t, n, hq, h, d, w = 6, 10, 4, 2, 8, 3
