@@ -52,6 +52,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from needle_tiers import needle_pages  # noqa: E402
 from ruler_data import TASKS, Example, generate, string_match_all  # noqa: E402
 
 from sglang_minima.codec.codebook import key_codebook, tq3_codebook  # noqa: E402
@@ -290,13 +291,7 @@ class MinimaEmulation:
     def answer_pages(self, prompt: str, outputs: list[str]) -> set[int]:
         """Pages holding the expected answers' first tokens (where each occurs in the prompt)."""
         offsets = self.tok(prompt, return_offsets_mapping=True)["offset_mapping"]
-        pages = set()
-        for out in outputs:
-            at = prompt.find(out)
-            if at >= 0:
-                token = next(i for i, (a, b) in enumerate(offsets) if b > at)
-                pages.add(token // self.tiers.page_size)
-        return pages
+        return set(needle_pages(offsets, prompt, outputs, self.tiers.page_size))
 
     def _tick(self, allocated: int, prefilling: bool) -> None:
         st = self.state
