@@ -198,8 +198,8 @@ def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:
 
 
 def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -> None:
-    """An explicit ``minima`` backend where it cannot serve: one message naming the flags."""
-    for flag in ("--attention-backend", "--decode-attention-backend"):
+    """An explicit ``minima`` backend where it cannot serve, for either phase: one message naming the flags."""
+    for flag in ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend"):
         if _flag_value(argv, flag) != MINIMA_BACKEND:
             continue
         if on_cpu:

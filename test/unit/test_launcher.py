@@ -54,23 +54,27 @@ def test_4bit_keys_on_gpu_serve_the_kernels(monkeypatch, tmp_path):
 @pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"],
                                          ["--minima-anchor-window", "64", "--minima-anchor-pages", "4"],
                                          ["--minima-key-center"]])
-def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags):
+@pytest.mark.parametrize("backend_flag", ["--attention-backend", "--decode-attention-backend",
+                                          "--prefill-attention-backend"])
+def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags, backend_flag):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
     _, argv = launch_server.prepare(["--model-path", str(tmp_path), *minima_flags])
     flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["--attention-backend"] == "minima_native"
     assert flags["--cuda-graph-backend-decode"] == flags["--cuda-graph-backend-prefill"] == "disabled"
-    with pytest.raises(LaunchError) as e:  # asked for explicitly: refused, naming the flags
-        launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima", *minima_flags])
-    assert minima_flags[0] in e.value.message and "--attention-backend minima" in e.value.message
+    with pytest.raises(LaunchError) as e:  # asked for explicitly, for either phase: refused, naming the flags
+        launch_server.prepare(["--model-path", str(tmp_path), backend_flag, "minima", *minima_flags])
+    assert minima_flags[0] in e.value.message and f"{backend_flag} minima" in e.value.message
 
 
-def test_kernel_backend_is_refused_on_cpu(monkeypatch, tmp_path):
+@pytest.mark.parametrize("backend_flag", ["--attention-backend", "--decode-attention-backend",
+                                          "--prefill-attention-backend"])
+def test_kernel_backend_is_refused_on_cpu(monkeypatch, tmp_path, backend_flag):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: False)
     monkeypatch.setattr("sglang_minima.cpu_engine.setup_cpu_engine", lambda: None)
     with pytest.raises(LaunchError) as e:
-        launch_server.prepare(["--model-path", str(tmp_path), "--decode-attention-backend", "minima"])
-    assert "--decode-attention-backend minima runs the GPU kernels" in e.value.message
+        launch_server.prepare(["--model-path", str(tmp_path), backend_flag, "minima"])
+    assert f"{backend_flag} minima runs the GPU kernels" in e.value.message
 
 
 def test_kernel_backend_on_gpu_captures_decode_only(monkeypatch, tmp_path):
