@@ -3,7 +3,7 @@ example's farthest needle, from committed answers (benchmark/quality/niah.py). #
 carries the loss; a Stale page is read through TQ3, a sink or Recent page through FP8, so the split
 says whether a loss follows the needles into TQ3 pages, and how far from the question they sat.
 
-The tiers are the default policy's on the prompt's own pages (``--sink-pages`` first pages, the last
+The tiers are a policy's on the prompt's own pages (``--sink-pages`` first pages, the last
 ``--recent-pages``, Stale between), counted where the answer's first token sits in the prompt (the
 tokenizer's offsets, ``--page-size`` tokens a page). The few tokens a request decodes can move the
 Recent window by a page: the split is the prompt's, not the decode's last step. "Farthest" is the
@@ -103,7 +103,9 @@ def main() -> None:
                     help="RULER lengths to split (repeat the flag for several)")
     ap.add_argument("--n", type=int, default=64, help="examples per task and length the runs were given (niah.py --n)")
     ap.add_argument("--page-size", type=int, default=64)
-    ap.add_argument("--sink-pages", type=int, default=1)
+    ap.add_argument("--sink-pages", type=int, default=1,
+                    help="where the split puts the sinks: 1, the policy until 2026-12-05, so that the page the "
+                    "defaults now keep as a second sink is a tier of its own")
     ap.add_argument("--recent-pages", type=int, default=4)
     ap.add_argument("--bootstrap", type=int, default=5000)
     args = ap.parse_args()

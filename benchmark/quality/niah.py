@@ -27,17 +27,22 @@ Arms (``--arms``):
   fp8                SGLang's own path with ``--kv-cache-dtype fp8_e4m3`` (not on CPU: SGLang's CPU
                      FP8 KV needs Intel AMX; there minima-nostale is the FP8 arm and the reference).
   minima-nostale     Minima with ``--minima-disable-stale``: every page FP8 e4m3.
+  minima-default     Minima at the launcher's defaults, whatever they are at the commit that runs it.
   minima             Minima (Recent 4 pages, 1 sink page) with 3-bit Stale keys (``--minima-key-bits 3``, the
                      launcher's default until 2026-12-03: every arm below but minima-k4 pins it, so that
                      each name keeps meaning what its committed answers ran).
-  minima-k4          Minima defaults (4-bit Stale keys since 2026-12-03; before, ``--minima-key-bits 4``).
+  minima-k4          The defaults of 2026-12-03 to 12-05: 4-bit Stale keys, one sink page, a prompt's pages
+                     converted while it is prefilled. Every Minima arm but minima-default pins the last
+                     two (``--minima-sink-pages 1 --minima-no-defer-prefill-conversion``) unless it names them.
   minima-aggressive  minima with one Recent page, one sink page, no Anchor budget.
   minima-defer       minima plus ``--minima-defer-prefill-conversion``.
   minima-recentN     minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
   minima-sink4       minima with four sink pages.
   minima-anchor8     minima with an Anchor budget of eight pages per request (filled by age and structure).
-  minima-k4-recentN  Minima defaults (4-bit keys) with N Recent pages (8, 16).
-  minima-k4-defer    Minima defaults plus ``--minima-defer-prefill-conversion``.
+  minima-k4-recentN  minima-k4 with N Recent pages (8, 16).
+  minima-k4-defer    minima-k4 plus ``--minima-defer-prefill-conversion``.
+  minima-k4-sink2    minima-k4 with two sink pages.
+  minima-k4-defer-sink2  both: the launcher's defaults since 2026-12-05.
   minima-native-nostale  minima-nostale on the torch path (``--attention-backend minima_native``).
 
 The frontier: every run's macro score against the KV bytes per token it attended (per layer, from
@@ -63,7 +68,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import requests
@@ -111,11 +116,30 @@ class ArmSpec:
 
 K3 = ("--minima-key-bits", "3")
 WINDOW4 = ("--minima-anchor-pages", "4", "--minima-anchor-window", "64")
+
+
+def _pinned(arm: ArmSpec) -> ArmSpec:
+    """The arm with the tier policy every Minima arm but minima-default ran before the defaults moved
+    (2026-12-05: two sink pages, the deferred conversion) where it names neither: so each arm keeps
+    meaning what its committed answers ran."""
+    if not arm.is_minima:
+        return arm
+    pin = () if "--minima-sink-pages" in arm.flags else ("--minima-sink-pages", "1")
+    if not {"--minima-defer-prefill-conversion", "--minima-no-defer-prefill-conversion"} & set(arm.flags):
+        pin += ("--minima-no-defer-prefill-conversion",)
+    return replace(arm, flags=(*pin, *arm.flags))
+
+
 ARMS: dict[str, ArmSpec] = {
     a.name: a
     for a in (
         ArmSpec("bf16", "sglang.launch_server", ()),
         ArmSpec("fp8", "sglang.launch_server", ("--kv-cache-dtype", "fp8_e4m3")),
+        ArmSpec("minima-default", "sglang_minima.launch_server", ()),
+    )
+} | {
+    a.name: _pinned(a)
+    for a in (
         ArmSpec("minima-nostale", "sglang_minima.launch_server", ("--minima-disable-stale",)),
         ArmSpec("minima", "sglang_minima.launch_server", K3),
         ArmSpec("minima-k4", "sglang_minima.launch_server", ()),
@@ -132,6 +156,7 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("minima-k4-defer", "sglang_minima.launch_server", ("--minima-defer-prefill-conversion",)),
         # the page after the sink kept hot too: needles there lose most (needle_tiers.py)
         ArmSpec("minima-k4-sink2", "sglang_minima.launch_server", ("--minima-sink-pages", "2")),
+        # the defaults since 2026-12-05
         ArmSpec("minima-k4-defer-sink2", "sglang_minima.launch_server",
                 ("--minima-sink-pages", "2", "--minima-defer-prefill-conversion")),
         # page-centered keys (the torch path serves them: minima_native on CUDA too)

@@ -79,7 +79,8 @@ STALE_VALUES = ("tq3", "tq3v", "defer", "k4", "k4lmv")
 
 @dataclass(frozen=True)
 class Tiers:
-    """The controller's tier parameters (MinimaConfig's recent_pages / sink_pages)."""
+    """The controller's tier parameters (MinimaConfig's recent_pages / sink_pages; one sink page, the
+    default until 2026-12-05, as every committed probe ran: ``--sink-pages`` moves it)."""
 
     page_size: int = 64
     recent_pages: int = 4

@@ -13,7 +13,7 @@ Arms (``--arms``):
   sglang        SGLang's own path in the model dtype (torch_native on CPU: the baseline there)
   minima-fp8    Minima with Stale disabled: every page FP8
   minima        Minima's defaults (Recent/Anchor FP8, Stale TQ3)
-  minima-defer  Minima with --minima-defer-prefill-conversion (no prefill chunk reads its own prompt's TQ3 pages)
+  minima-nodefer  Minima with --minima-no-defer-prefill-conversion (prefill chunks read their own prompt's TQ3 pages)
   minima-lean   Minima with only a few FP8 pages (--minima-fp8-page-fraction --lean-fraction)
 
 Workloads (``--dataset``): ``gsp`` is bench_serving's generated-shared-prefix (``--num-groups``
@@ -163,7 +163,7 @@ def arms(device: str, lean_fraction: float) -> dict[str, Arm]:
         "sglang": Arm("sglang", known["sglang-bf16"].module, known["sglang-bf16"].flags),
         "minima-fp8": known["minima-fp8"],
         "minima": known["minima"],
-        "minima-defer": known["minima-defer"],
+        "minima-nodefer": known["minima-nodefer"],
         "minima-lean": Arm("minima-lean", "sglang_minima.launch_server", lean),
     }
     if device != "cpu":

@@ -15,7 +15,8 @@ Arms:
   minima-k3    Minima with 3-bit Stale keys (--minima-key-bits 3): the defaults of every figure before
                2026-12-03 13:00 UTC, greedy_cpu.json's included
   minima-fp8   Minima with --minima-disable-stale (every page FP8 e4m3)
-  minima-defer Minima with --minima-defer-prefill-conversion (a prompt's pages stay FP8 until its prefill ends)
+  minima-nodefer Minima with --minima-no-defer-prefill-conversion (a prompt's pages convert while it is
+              prefilled: the default until 2026-12-05; the deferral's cost in throughput)
   minima-tick8 Minima with --minima-tick-min-new-pages 8 (the lifecycle tick waits for 8 new pages)
   minima-native  Minima with --attention-backend minima_native (the torch path; on GPU tensors there)
   sglang-fp8   SGLang's own FP8 KV: flashinfer attention, --kv-cache-dtype fp8_e4m3 (GPU only)
@@ -96,7 +97,7 @@ def arms(device: str) -> dict[str, Arm]:
         "minima-eager": Arm("minima-eager", "sglang_minima.launch_server", ["--cuda-graph-backend-decode", "disabled"]),
         "minima-fp8": Arm("minima-fp8", "sglang_minima.launch_server", ["--minima-disable-stale"]),
         "minima-tick8": Arm("minima-tick8", "sglang_minima.launch_server", ["--minima-tick-min-new-pages", "8"]),
-        "minima-defer": Arm("minima-defer", "sglang_minima.launch_server", ["--minima-defer-prefill-conversion"]),
+        "minima-nodefer": Arm("minima-nodefer", "sglang_minima.launch_server", ["--minima-no-defer-prefill-conversion"]),
         "minima-native": Arm("minima-native", "sglang_minima.launch_server", ["--attention-backend", "minima_native"]),
         "sglang-fp8": Arm("sglang-fp8", "sglang.launch_server", sglang + ["--kv-cache-dtype", "fp8_e4m3"]),
         "sglang-bf16": Arm("sglang-bf16", "sglang.launch_server", sglang),

@@ -37,7 +37,9 @@ class MinimaConfig:
         4, "Last pages of each request kept hot: FP8, or the model dtype with --minima-hot-dtype auto (Recent tier)."
     )
     sink_pages: int = _option(
-        1, "First pages of each sequence kept hot (Anchor tier, attention sinks)."
+        2,
+        "First pages of each sequence kept hot (Anchor tier, attention sinks). Two: needles on the page "
+        "right after the first lost most under TQ3 (docs/results/quality.md).",
     )
     anchor_pages: int = _option(
         0, "Extra Anchor budget per request, filled by score (age, structure, attention score)."
@@ -52,7 +54,7 @@ class MinimaConfig:
         False, "Never convert pages to TQ3 (every page stays in the hot format)."
     )
     defer_prefill_conversion: bool = _option(
-        False,
+        True,
         "Keep a request's own pages hot until its prefill has ended, so later prefill chunks never read "
         "its prompt's TQ3 pages; they are still converted when an allocation finds no free hot page.",
     )

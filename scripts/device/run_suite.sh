@@ -117,7 +117,7 @@ capacity)
   # (--server-args takes the rest of the line: CAP_ARGS comes last)
   timeout -s INT "$budget" python3 benchmark/serving/bench_capacity.py --work "$WORK/cap" --out "$OUT" --name capacity \
     ${CAP_ARGS:---model llama3-8b-class --dataset random --input-len 32768 --output-len 256 --budget-mib 20480 \
-    --max-concurrency 8,16 --max-running-requests 16 --arms sglang-fp8,minima,minima-defer \
+    --max-concurrency 8,16 --max-running-requests 16 --arms sglang-fp8,minima,minima-nodefer \
     --server-args --context-length 34816 --cuda-graph-max-bs-decode 16} > "$WORK/capacity.log" 2>&1
   tail -12 "$WORK/capacity.log"
   ;;

@@ -81,7 +81,7 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert per["minima-fp8"] == per["sglang-fp8"]  # Stale disabled: every page FP8, nothing else
     # defaults: a quarter of the pages FP8, the rest TQ3 with 4-bit keys (0.25 * 256 + 0.75 * (64 + 48 + 6)
     # bytes per head and layer; 3-bit keys, the 2026-12-02 H200 run's: 35,968)
-    assert per["minima"] == 39_040 and per["minima-defer"] == per["minima"]
+    assert per["minima"] == 39_040 and per["minima-nodefer"] == per["minima"]
     assert per["minima-lean"] < per["minima"]
     assert "sglang-fp8" not in got["cpu_arms"]  # SGLang's FP8 KV does not start on this CPU
     assert got["rounds"] == [[8, 8], [16, 16]]

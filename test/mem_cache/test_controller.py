@@ -108,7 +108,8 @@ def test_the_observation_window_pins_anchors_once_the_prefill_ends_and_keeps_the
 
 def test_the_observation_window_never_picks_a_page_already_tq3():
     store = make_store(num_logical=20, num_hot=10)
-    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, anchor_window=64))
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=1, anchor_window=64,
+                                                  defer_prefill_conversion=False))
     seq = _request(store, [1, 2, 3])
     ctl.tick([seq], [True], requests=["a"])  # no deferral: the first chunk's Stale pages 1-2 convert
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT]
@@ -215,7 +216,7 @@ def test_defer_prefill_conversion_keeps_a_prefilling_request_hot_until_its_prefi
 
 def test_without_defer_prefill_conversion_a_prefilling_request_converts_at_once():
     store = make_store(num_logical=16, num_hot=8)
-    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1))
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, defer_prefill_conversion=False))
     chunked = _request(store, [1, 2, 3, 4])
     ctl.tick([chunked], prefilling=[True])
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
