@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -39,6 +40,7 @@ ATTN_ERR = 0.6  # against dense attention over the original K/V
 class Request:
     pages: list[int] = field(default_factory=list)
     shared: int = 0  # leading pages borrowed from the tree (a prefix hit), not the request's to free
+    prefilling: bool = False  # a chunked prefill between chunks (its pages wait with --minima-defer-prefill-conversion)
     k: list[torch.Tensor] = field(default_factory=list)  # per token: [LAYERS, H, D]
     v: list[torch.Tensor] = field(default_factory=list)
 
@@ -58,8 +60,8 @@ class Lifecycle(RuleBasedStateMachine):
     attention_every = 1  # the soak checks attention every N operations; the ownership invariants always
 
     @initialize(anchors=st.integers(0, 3), fill=st.sampled_from(["age", "score", "window"]), hold=st.booleans(),
-                tick_pages=st.sampled_from([1, 3]))
-    def setup(self, anchors, fill, hold=False, tick_pages=1):
+                tick_pages=st.sampled_from([1, 3]), defer=st.booleans())
+    def setup(self, anchors, fill, hold=False, tick_pages=1, defer=True):
         self.stream = HeldConversionStream(hold)  # hold: conversions stay pending until copies_finish
         self.store = make_store(NUM_LOGICAL, NUM_HOT, stream=self.stream)
         # Forwards in flight, by the (format, physical page, logical page) they read: those planned
@@ -77,7 +79,7 @@ class Lifecycle(RuleBasedStateMachine):
             self.store,
             MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=anchors, attention_score_anchors=fill == "score",
                          anchor_window=PS if fill == "window" and anchors else 0,
-                         retier_batch_pages=3, tick_min_new_pages=tick_pages),
+                         retier_batch_pages=3, tick_min_new_pages=tick_pages, defer_prefill_conversion=defer),
         )
         self.free_logical = list(range(1, NUM_LOGICAL + 1))
         self.reqs: dict[int, Request] = {}
@@ -120,9 +122,9 @@ class Lifecycle(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    @rule(n=st.integers(1, 3 * PS))
-    def new_request(self, n):
-        req = Request()
+    @rule(n=st.integers(1, 3 * PS), prefilling=st.booleans())
+    def new_request(self, n, prefilling=False):
+        req = Request(prefilling=prefilling)
         if self._append(req, n):
             self.reqs[self.next_id] = req
             self.next_id += 1
@@ -149,6 +151,12 @@ class Lifecycle(RuleBasedStateMachine):
     def append(self, data, n):
         self._append(self.reqs[data.draw(st.sampled_from(sorted(self.reqs)))], n)
 
+    @precondition(lambda self: any(r.prefilling for r in self.reqs.values()))
+    @rule(data=st.data())
+    def prefill_ends(self, data):
+        """A chunked prefill's last chunk: the request decodes from now on (its pages may convert)."""
+        self.reqs[data.draw(st.sampled_from(sorted(r for r, q in self.reqs.items() if q.prefilling)))].prefilling = False
+
     @rule()
     def step(self):
         """One scheduler step: the forward reads every live request's pages and reports attention
@@ -158,21 +166,35 @@ class Lifecycle(RuleBasedStateMachine):
         self.store.end_step()
         self.reads_before, self.reads_now = self.reads_now, []
         sequences = [torch.tensor(r.pages) for r in self.reqs.values()]
-        members = tuple((rid, False) for rid in self.reqs)
+        prefilling = [r.prefilling for r in self.reqs.values()]
+        members = tuple((rid, r.prefilling) for rid, r in self.reqs.items())
         counts = tuple(len(r.pages) for r in self.reqs.values())
         key = (members, counts)  # what the radix cache passes
+        waiting = self._deferred_hot_pages()
         if self.ctl.settled(key):
             # The skip is sound: a tick now would change no page's tier, format or mapping.
             type(self).ticks_skipped += 1
             before = self._lifecycle_state()
-            self.ctl.tick(sequences, requests=list(self.reqs))
+            self.ctl.tick(sequences, prefilling, requests=list(self.reqs))
             assert self._lifecycle_state() == before
         elif self.ctl.due(members, sum(counts)):  # with tick_min_new_pages > 1 some steps wait (no check:
-            self.ctl.tick(sequences, key=key, requests=list(self.reqs))  # (they skip real work; the invariants
-            # below must hold anyway)
+            self.ctl.tick(sequences, prefilling, key=key, requests=list(self.reqs))  # (they skip real work; the
+            # invariants below must hold anyway)
             self.ctl.ticked(members, sum(counts))
         else:
             type(self).ticks_deferred += 1
+        # The deferred conversion: a tick converts no hot page of a request still in prefill (only an
+        # allocation that finds no free hot page may: reserve_hot, in _alloc_pages)
+        pt = self.store.page_table
+        assert (pt.fmt[waiting] == FMT_HOT).all() and not self.store.converting[waiting].any()
+
+    def _deferred_hot_pages(self) -> torch.Tensor:
+        """Hot pages of requests still in prefill, none of them converting, when the deferral is on."""
+        if not self.ctl.config.defer_prefill_conversion:
+            return torch.empty(0, dtype=torch.int64)
+        pages = torch.tensor(sorted({p for r in self.reqs.values() if r.prefilling for p in r.pages}), dtype=torch.int64)
+        pt = self.store.page_table
+        return pages[(pt.fmt[pages] == FMT_HOT) & ~self.store.converting[pages].bool()]
 
     def _lifecycle_state(self):
         pt, store = self.store.page_table, self.store
@@ -397,5 +419,23 @@ def test_the_machine_holds_conversions_across_steps():
     machine.copies_finish()
     machine.step()
     assert not machine.store.conversions_pending and machine.store.stats.retier.pages == 2
+    machine.no_leaked_or_doubly_freed_page()
+    machine.teardown()
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_the_machine_checks_the_deferred_conversion(defer):
+    """The deferral's check has something to check: a request in prefill keeps its Stale pages hot
+    through the ticks while the deferral is on, and they convert at the first tick after its prefill
+    ends; with the deferral off they convert at once."""
+    machine = Lifecycle()
+    machine.setup(anchors=0, fill="age", defer=defer)
+    machine.new_request(5 * PS, prefilling=True)  # a sink page, two Stale pages, two Recent ones
+    machine.step()
+    assert len(machine._deferred_hot_pages()) == (5 if defer else 0)
+    assert machine.store.stats.retier.pages == (0 if defer else 2)
+    machine.reqs[0].prefilling = False  # its last chunk
+    machine.step()
+    assert machine.store.stats.retier.pages == 2
     machine.no_leaked_or_doubly_freed_page()
     machine.teardown()
