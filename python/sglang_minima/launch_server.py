@@ -143,6 +143,10 @@ _UNSUPPORTED = (
 )
 
 
+ATTENTION_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+"""SGLang's flags that pick an attention backend: both phases, then each (one list for every check)."""
+
+
 def check_supported(server_args) -> None:
     for attr, flag, what in _UNSUPPORTED:
         if getattr(server_args, attr, None):
@@ -151,7 +155,7 @@ def check_supported(server_args) -> None:
         raise LaunchError("--disaggregation-mode: PD disaggregation is not supported with Minima-KV")
     if (getattr(server_args, "dcp_size", 1) or 1) > 1:
         raise LaunchError("--dcp-size: decode context parallelism is not supported with Minima-KV")
-    for flag in ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend"):
+    for flag in ATTENTION_BACKEND_FLAGS:
         backend = getattr(server_args, flag[2:].replace("-", "_"), None)
         if backend is not None and backend not in MINIMA_ATTENTION_BACKENDS:
             raise LaunchError(
@@ -199,7 +203,7 @@ def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:
 
 def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -> None:
     """An explicit ``minima`` backend where it cannot serve, for either phase: one message naming the flags."""
-    for flag in ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend"):
+    for flag in ATTENTION_BACKEND_FLAGS:
         if _flag_value(argv, flag) != MINIMA_BACKEND:
             continue
         if on_cpu:

@@ -40,7 +40,8 @@ def test_every_boolean_flag_turns_its_setting_either_way(monkeypatch):
         assert getattr(parse_minima_argv([off, on]), f.name) is True
         assert getattr(parse_minima_argv([on, off]), f.name) is False
         assert getattr(parse_minima_argv([]), f.name) is f.default
-    # a default that is on (patched here: none is yet): the negated flag turns it off
+    # a default that is on (patched, so the check does not hang on which defaults are on today): the negated
+    # flag alone turns it off
     monkeypatch.setattr(MinimaConfig.__dataclass_fields__["disable_stale"], "default", True)
     assert parse_minima_argv([]).disable_stale is True
     assert parse_minima_argv(["--minima-no-disable-stale"]).disable_stale is False
