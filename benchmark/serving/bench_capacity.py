@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -82,6 +83,10 @@ class ArmResult:
     """SGLang's own decode log (``Decode batch`` lines) at the round's most running requests: the
     window of highest generation throughput, as ms per step (the least disturbed by prefill chunks;
     bench_serving's TPOT counts the chunks interleaved with a request's decode)."""
+    decode_medians: dict = field(default_factory=dict)
+    """Per number of running requests, the median ms per step over the round's decode lines and how
+    many lines there were ({rows: [ms, lines]}): a step's cost at equal rows, comparable across arms
+    (the throughput ratio at a capacity-bound load is rows admitted x these steps)."""
     output_tokens_retokenized: int = -1
     """Output tokens as the client got them back: 0 when the server rejected every request (an input
     longer than the arm's capacity), although bench_serving counts those requests as completed."""
@@ -239,6 +244,16 @@ def decode_step(log_text: str) -> tuple[int, float]:
     return rows, round(rows / best * 1000, 2) if best > 0 else 0.0
 
 
+def decode_medians(log_text: str) -> dict[int, list]:
+    """{rows: [median ms per step, decode lines]} over SGLang's decode log lines (each a window of
+    ``--decode-log-interval`` steps at that many running requests)."""
+    by_rows: dict[int, list[float]] = {}
+    for m in DECODE_LINE.finditer(log_text):
+        if float(m[2]) > 0:
+            by_rows.setdefault(int(m[1]), []).append(int(m[1]) / float(m[2]) * 1000)
+    return {rows: [round(statistics.median(ms), 2), len(ms)] for rows, ms in sorted(by_rows.items())}
+
+
 def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: dict, work: Path,
             results: list[ArmResult]) -> None:
     """Serve one arm and append a result per round to ``results`` as each ends (a round that fails
@@ -267,7 +282,8 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             bench = json.loads(out_file.read_text().strip().splitlines()[-1])
             with open(server.log_path, errors="replace") as f:
                 f.seek(log_start)
-                rows, step_ms = decode_step(f.read())
+                log_text = f.read()
+            rows, step_ms = decode_step(log_text)
             state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
             minima = state.get("minima", {})
             counters = {}
@@ -289,7 +305,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
-                decode_rows=rows, decode_step_ms=step_ms, kv=kv_format(arm, args.dtype, args.server_args),
+                decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(log_text), kv=kv_format(arm, args.dtype, args.server_args),
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters,
             ))
@@ -302,12 +318,19 @@ def _ratio(num: float, den: float) -> str:
     return f"{num / den:.2f}" if den else "-"
 
 
+def _step(r: ArmResult) -> str:
+    if not r.decode_rows:
+        return "-"
+    median = r.decode_medians.get(r.decode_rows) or r.decode_medians.get(str(r.decode_rows))  # (keys: str in JSON)
+    return f"{r.decode_step_ms}{f' / {median[0]}' if median else ''} @ {r.decode_rows}"
+
+
 def render(results: list[ArmResult]) -> str:
     """One row per round and arm; "x base" is the ratio to the round's baseline arm (BASELINES),
     "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
-        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows "
+        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows (best window / median) "
         "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start / kept in the budget |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -322,7 +345,7 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.output_throughput:,.1f} | {_ratio(r.output_throughput, base.output_throughput)} "
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
-            f"| {f'{r.decode_step_ms} @ {r.decode_rows}' if r.decode_rows else '-'} | {c.get('converted', '-')} "
+            f"| {_step(r)} | {c.get('converted', '-')} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} |")
     return "\n".join(lines)

@@ -61,7 +61,9 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
 print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "kv": kv, "override": override, "page_size_refused": page_size_refused,
-                  "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
+                  "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "medians": bc.decode_medians(log),
+                  "median_cell": bc._step(bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "decode_rows": 16,
+                                                          "decode_step_ms": 16.95, "decode_medians": {"16": [20.0, 3]}})), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
                   "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
                   "rounds": rounds, "mismatch": mismatch, "table": table}, default=str))
 """
@@ -87,6 +89,9 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert got["rounds"] == [[8, 8], [16, 16]]
     # at the most running requests (16), the fastest window: 16 rows / 944 tok/s
     assert got["decode"] == [16, 16.95] and got["no_decode"] == [0, 0.0]
+    # the median per row count: 16 rows over 800, 944 and 1.5 tok/s -> 20.0 ms a step (the middle line)
+    assert got["medians"] == {"4": [10.0, 1], "8": [13.33, 1], "16": [20.0, 3]}
+    assert got["median_cell"] == "16.95 / 20.0 @ 16"  # as read back from JSON (str keys)
     assert "--num-prompts gives 1 rounds, --max-concurrency 2" in got["mismatch"]
     rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in got["table"].splitlines()[2:]}
     minima = rows["minima"]
