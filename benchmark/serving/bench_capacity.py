@@ -95,8 +95,9 @@ class ArmResult:
     counters: dict = field(default_factory=dict)
     """Minima's counters over this round alone (``COUNTERS``), ``peak_scratch_mib``: the most
     scratch alive at once since the server started (prefill tiles and conversion staging; the decode
-    kernels' split buffers are not counted), and ``scratch_reserve_mib``: what the pool's sizing kept
-    for the prefill's tile in SGLang's budget (servers that report it)."""
+    kernels' split buffers are not counted), ``scratch_reserve_mib``: what the pool's sizing kept
+    for the prefill's tile in SGLang's budget, and ``peak_hot_pages``: "most held at once since the
+    server started / hot pages of the split" (servers that report them)."""
     kv: str = ""
     """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
 
@@ -294,6 +295,10 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 # the most decoded TQ3 (tiles, staging) alive at once so far: bounded, never a dense copy
                 counters["peak_scratch_mib"] = round(minima["stats"]["peak_scratch_bytes"] / 2**20, 1)
                 # what the pool's sizing kept for it in SGLang's budget (the minima backend's prefill tile)
+                # the most hot pages held at once so far, against the hot pages the split gave
+                # (--minima-fp8-page-fraction): what the workload needed of the FP8 format
+                if "peak_hot_pages_held" in minima["pool"]:
+                    counters["peak_hot_pages"] = f'{minima["pool"]["peak_hot_pages_held"]} / {minima["pool"]["hot_pages"]}'
                 reserve = minima["pool"].get("prefill_scratch_reserve_bytes")
                 if reserve is not None:
                     counters["scratch_reserve_mib"] = round(reserve / 2**20, 1)
@@ -331,8 +336,9 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows (best window / median) "
-        "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start / kept in the budget |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start / kept in the budget "
+        "| peak hot pages held / hot pages |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -347,7 +353,8 @@ def render(results: list[ArmResult]) -> str:
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
             f"| {_step(r)} | {c.get('converted', '-')} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
-            f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} |")
+            f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "
+            f"| {c.get('peak_hot_pages', '-')} |")
     return "\n".join(lines)
 
 

@@ -57,7 +57,8 @@ random_args = bc.workload_args(types.SimpleNamespace(dataset="random", input_len
 canary_flags = vars(bc.parse_args(["--canary", "--output-len", "64", "--server-args", "--context-length=70000"]))
 scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "counters": {"peak_scratch_mib": 64.0}}),
                      bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__,
-                                     "counters": {"peak_scratch_mib": 63.0, "scratch_reserve_mib": 64.0}})])
+                                     "counters": {"peak_scratch_mib": 63.0, "scratch_reserve_mib": 64.0,
+                                                 "peak_hot_pages": "40 / 2148"}})])
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
 print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "kv": kv, "override": override, "page_size_refused": page_size_refused,
@@ -107,10 +108,12 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert got["kv"]["minima-fp8"] == "fp8 only"
     assert got["kv"]["minima"] == "fp8 25% + TQ3 k4" and got["kv"]["minima k3"] == "fp8 25% + TQ3 k3"
     assert got["kv"]["minima-lean"] == "fp8 10% + TQ3 k4"
-    # the last column: the most decoded TQ3 alive at once (a bounded tile, not a dense copy of the cache)
-    assert got["scratch"].splitlines()[0].endswith("| peak scratch MiB since start / kept in the budget |")
-    assert got["scratch"].splitlines()[2].endswith("| 64.0 |") and rows["minima"][-2] == "-"
-    assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 |")  # a server that reports its reserve
+    # the last columns: the most decoded TQ3 alive at once (a bounded tile, not a dense copy of the
+    # cache), then the most hot pages held at once against the split's
+    assert got["scratch"].splitlines()[0].endswith(
+        "| peak scratch MiB since start / kept in the budget | peak hot pages held / hot pages |")
+    assert got["scratch"].splitlines()[2].endswith("| 64.0 | - |") and rows["minima"][-3] == "-"
+    assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 |")  # a server that reports them
     # --canary: #16's (b) workload, the context room for the prompt and its output, other flags kept
     c = got["canary"]
     assert (c["model"], c["dataset"], c["input_len"], c["output_len"]) == ("qwen3.6-27b-class", "random", 59008, 128)

@@ -42,6 +42,21 @@ def test_unread_pages_and_a_drain_skip_the_quarantine():
     assert sorted(pool.alloc(3).tolist()) == [1, 2, 3]
 
 
+def test_peak_held_is_the_most_pages_held_at_once_quarantine_included():
+    pool = PhysicalPagePool(8, "hot")
+    first = pool.alloc(3)
+    pool.alloc(2)
+    assert pool.peak_held == 5
+    pool.release(first)
+    pool.alloc(2)  # the three freed pages are still quarantined: 7 held
+    assert pool.peak_held == 7
+    pool.end_step()
+    pool.end_step()
+    pool.alloc(1)  # 5 held now: the peak stays
+    assert pool.num_held == 5 and pool.peak_held == 7
+    assert pool.alloc(4) is None and pool.peak_held == 7  # a refused allocation holds nothing
+
+
 def test_double_release_and_retain_of_free_page_raise():
     pool = PhysicalPagePool(2, "tq3")
     page = pool.alloc(1)

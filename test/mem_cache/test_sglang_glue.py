@@ -236,6 +236,9 @@ def test_server_info_reconciles_bytes_with_the_pool(monkeypatch):
     assert memory["rows"]["stale"]["pages"] == 4 and memory["live_tokens"] == N_LONG
     assert info["stats"]["fallbacks"] == 0
     assert info["stats"]["peak_scratch_bytes"] > 0  # the retier's staging (no attention ran here)
+    # the most pages of each format held at once: the prompt's, hot, then the 4 Stale ones as TQ3
+    assert info["pool"]["peak_hot_pages_held"] == 6  # 5 full + 1 partial, all hot until the tick
+    assert info["pool"]["peak_tq3_pages_held"] == 4
     report = memory_report(t.pool.store)
     assert report.bytes_per_live_token == report.live_bytes / N_LONG
 

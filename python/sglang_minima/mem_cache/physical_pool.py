@@ -30,6 +30,9 @@ class PhysicalPagePool:
         self._free: list[int] = list(range(num_pages, 0, -1))
         self._freed: list[int] = []  # count 0 since the last end_step: the forward in flight may read them
         self._cooling: list[int] = []  # count 0 since the end_step before: free at the next one
+        self.peak_held = 0
+        """The most pages held at once since start (quarantined ones included: they take memory):
+        what a workload needed of this format, against ``num_pages`` (--minima-fp8-page-fraction)."""
 
     @property
     def num_free(self) -> int:
@@ -66,6 +69,7 @@ class PhysicalPagePool:
             return None
         taken = self._free[len(self._free) - n :][::-1]
         del self._free[len(self._free) - n :]
+        self.peak_held = max(self.peak_held, self.num_held)
         pages = torch.tensor(taken, dtype=torch.int64)
         self.refcount[pages] = 1
         return pages

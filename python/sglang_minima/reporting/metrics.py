@@ -8,6 +8,8 @@ Counters fed with the increase since the last update. Names:
 - ``sglang:minima_live_tokens``, ``sglang:minima_bytes_per_live_token``
 - ``sglang:minima_peak_scratch_bytes``: the most transient scratch one attention call or conversion
   held at once (decoded tiles, scores, staging; ops/scratch.py), beside the cache bytes above
+- ``sglang:minima_peak_pages_held{format}``: the most physical pages of a format (hot/tq3) held at once
+  since start, quarantined ones included: a workload's need against ``--minima-fp8-page-fraction``'s split
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
   ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
   (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total``
@@ -85,6 +87,9 @@ class MinimaMetrics:
         self.peak_scratch_bytes = gauge(
             "peak_scratch_bytes", "Most transient scratch (decoded tiles, scores, staging) alive at once in a step."
         )
+        self.peak_pages_held = gauge(
+            "peak_pages_held", "Most physical pages of a format held at once since start.", ("format",)
+        )
         self.conversions = counter("conversions", "Batched page conversions.", ("direction",))
         self.conversion_pages = counter("conversion_pages", "Pages converted.", ("direction",))
         self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
@@ -109,6 +114,8 @@ class MinimaMetrics:
         """Update every metric from the store (the radix cache calls this after each step)."""
         store.device_routes.fold(store.stats)  # CUDA-graph steps' routes, without a sync
         self.update(memory_report(store), store.stats)
+        for fmt, pool in (("hot", store.hot_pool), ("tq3", store.tq3_pool)):
+            self.peak_pages_held.labels(**self.labels, format=fmt).set(pool.peak_held)
 
     def update(self, report: MemoryReport, stats: MinimaStats) -> None:
         for tier, usage in report.rows().items():

@@ -37,6 +37,9 @@ def minima_server_info(scheduler) -> dict[str, Any]:
             "tq3_key_center": store.layout.key_center,
             "tq3_page_bytes_per_layer": store.layout.page_bytes,
             "quarantined_pages": store.num_quarantined,
+            # the most pages of each format held at once since start: the workload's need of each
+            "peak_hot_pages_held": store.hot_pool.peak_held,
+            "peak_tq3_pages_held": store.tq3_pool.peak_held,
             "step": store.step,
             "prefill_scratch_reserve_bytes": reserve,
         },
