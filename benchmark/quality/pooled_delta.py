@@ -93,7 +93,8 @@ def main() -> None:
     where = "in the runs together" if args.disjoint else f"in all {len(runs)} runs"
     print(f"{r['examples']} examples {where} ({r['tasks']} tasks); macro Δ vs {args.reference}:")
     for (d, run), m in zip(args.run, r["per_run"]):
-        print(f"  {d}:{run.label}: {'no example' + (f' of length {args.length}' if args.length else '') if m is None else f'{m:+.2f}'}")
+        none = "no example" + (f" of length {args.length}" if args.length else "")
+        print(f"  {d}:{run.label}: {none if m is None else f'{m:+.2f}'}")
     print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
 
 

@@ -295,13 +295,14 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 # the most decoded TQ3 (tiles, staging) alive at once so far: bounded, never a dense copy
                 counters["peak_scratch_mib"] = round(minima["stats"]["peak_scratch_bytes"] / 2**20, 1)
                 # what the pool's sizing kept for it in SGLang's budget (the minima backend's prefill tile)
-                # the most hot pages held at once so far, against the hot pages the split gave
-                # (--minima-fp8-page-fraction): what the workload needed of the FP8 format
-                if "peak_hot_pages_held" in minima["pool"]:
-                    counters["peak_hot_pages"] = f'{minima["pool"]["peak_hot_pages_held"]} / {minima["pool"]["hot_pages"]}'
                 reserve = minima["pool"].get("prefill_scratch_reserve_bytes")
                 if reserve is not None:
                     counters["scratch_reserve_mib"] = round(reserve / 2**20, 1)
+                # the most hot pages held at once so far, against the hot pages the split gave
+                # (--minima-fp8-page-fraction): what the workload needed of the FP8 format
+                pool = minima["pool"]
+                if "peak_hot_pages_held" in pool:
+                    counters["peak_hot_pages"] = f'{pool["peak_hot_pages_held"]} / {pool["hot_pages"]}'
             results.append(ArmResult(
                 arm=arm.name, clients=clients, num_prompts=num_prompts, bytes_per_token=per_token,
                 max_total_tokens=state.get("max_total_num_tokens", tokens),
@@ -310,7 +311,8 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
-                decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(log_text), kv=kv_format(arm, args.dtype, args.server_args),
+                decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(log_text),
+                kv=kv_format(arm, args.dtype, args.server_args),
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters,
             ))
