@@ -78,6 +78,10 @@ class ArmResult:
     duration_s: float
     peak_running_requests: int
     peak_queued_requests: int
+    median_itl_ms: float = 0.0
+    """bench_serving's median inter-token latency: the step a client sees between two tokens, which
+    the prefill chunks run between decode steps move little (they land in TPOT and the ITL's tail)."""
+    p99_itl_ms: float = 0.0
     decode_rows: int = 0
     decode_step_ms: float = 0.0
     """SGLang's own decode log (``Decode batch`` lines) at the round's most running requests: the
@@ -310,6 +314,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 output_throughput=bench["output_throughput"], request_throughput=bench["request_throughput"],
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
+                median_itl_ms=bench["median_itl_ms"], p99_itl_ms=bench["p99_itl_ms"],
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
                 decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(log_text),
                 kv=kv_format(arm, args.dtype, args.server_args),
@@ -337,10 +342,10 @@ def render(results: list[ArmResult]) -> str:
     "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
-        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | decode step ms @ rows (best window / median) "
+        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | median / p99 ITL ms | decode step ms @ rows (best window / median) "
         "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start / kept in the budget "
         "| peak hot pages held / hot pages |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -353,6 +358,7 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.output_throughput:,.1f} | {_ratio(r.output_throughput, base.output_throughput)} "
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
+            f"| {f'{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}' if r.median_itl_ms else '-'} "
             f"| {_step(r)} | {c.get('converted', '-')} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "

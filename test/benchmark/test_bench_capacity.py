@@ -59,9 +59,10 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
                      bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__,
                                      "counters": {"peak_scratch_mib": 63.0, "scratch_reserve_mib": 64.0,
                                                  "peak_hot_pages": "40 / 2148"}})])
+itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5})])
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
-print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "kv": kv, "override": override, "page_size_refused": page_size_refused,
+print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "medians": bc.decode_medians(log),
                   "median_cell": bc._step(bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "decode_rows": 16,
                                                           "decode_step_ms": 16.95, "decode_medians": {"16": [20.0, 3]}})), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
@@ -103,6 +104,8 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert "minima-lean (no output: every request rejected)" in rows
     zero = rows["minima-fp8 (no output: every request rejected)"]  # a TPOT of 0: no ratio, no crash
     assert zero[15] == "-" and zero[11] == "0.00"
+    # bench_serving's median / p99 inter-token latency beside TPOT ("-" where a result predates it)
+    assert minima[16] == "-" and got["itl"].splitlines()[2].split("|")[16].strip() == "12.4 / 230.5"
     # the KV column: SGLang's cache dtype, Minima's tiers with the Stale key width (its bytes depend on it)
     assert got["kv"]["sglang-fp8"] == "fp8_e4m3" and got["kv"]["sglang"] == "bfloat16"
     assert got["kv"]["minima-fp8"] == "fp8 only"
