@@ -54,6 +54,11 @@ def test_prefix_hits_on_tq3_pages(default_server):
     assert after["prefix_hit_tq3_pages"] > before["prefix_hit_tq3_pages"], (before, after)
     assert result["cached"] >= 64 * (after["prefix_hit_tq3_pages"] - before["prefix_hit_tq3_pages"])
     assert after["fallbacks"] == 0 and after["peak_scratch_bytes"] > 0  # tiles decoded from TQ3 pages
+    # the document's pages were all hot at once (written, then converted at a later tick), and the TQ3
+    # pool held at least the pages the second program hit
+    pool, hits = _minima(default_server.url)["pool"], after["prefix_hit_tq3_pages"] - before["prefix_hit_tq3_pages"]
+    assert result["cached"] // 64 <= pool["peak_hot_pages_held"] <= pool["hot_pages"]
+    assert hits <= pool["peak_tq3_pages_held"] <= pool["tq3_pages"]
 
 
 def test_page_centered_keys_serve_on_the_torch_path(tmp_path):
