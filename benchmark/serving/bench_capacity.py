@@ -110,6 +110,7 @@ COUNTERS = {
     "converted": lambda s: s["retier"]["pages"],
     "promoted": lambda s: s["promote"]["pages"],
     "pressure_converted": lambda s: s["pressure_retier_pages"],
+    "allocation_syncs": lambda s: s["allocation_syncs"],
     "hot_page_reads": lambda s: s["route_hot_pages"],
     "tq3_page_reads": lambda s: s["route_tq3_pages"],
     "fallbacks": lambda s: s["fallbacks"],

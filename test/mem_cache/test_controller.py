@@ -186,6 +186,18 @@ def test_pressure_converts_cached_then_anchor_then_recent_never_the_tail():
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
     assert not ctl.reserve_hot(6)  # page 5 is being written
     assert store.stats.pressure_retier_pages == 4
+    # one device sync per converting call (its publish); the refused one had nothing in flight
+    assert store.stats.allocation_syncs == 3
+
+
+def test_an_allocation_counts_the_device_syncs_it_waits_on():
+    store = make_store(num_logical=16, num_hot=4)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0))
+    store.unmap(_request(store, [1, 2, 3]))  # a finished request's pages: quarantined, not free yet
+    assert store.hot_pool.num_free == 1 and store.num_quarantined == 3
+    assert ctl.reserve_hot(1) and store.stats.allocation_syncs == 0  # a free page: nothing to wait for
+    assert ctl.reserve_hot(3) and store.stats.allocation_syncs == 1  # the quarantine freed at once
+    assert store.stats.pressure_retier_pages == 0 and store.hot_pool.num_free == 4
 
 
 def test_cached_pages_keep_their_format_until_pressure():

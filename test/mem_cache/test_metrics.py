@@ -72,7 +72,12 @@ def test_fallbacks_and_peak_scratch_reach_the_exported_text(monkeypatch):
     pool.note_scratch_bytes(4096)
     pool.note_scratch_bytes(1024)  # a smaller step leaves the peak
     pool.store.hot_pool.release(pool.store.hot_pool.alloc(3), unread=True)  # three hot pages held, then none
+    syncs = _exported("sglang:minima_allocation_syncs_total")
+    page = pool.store.hot_pool.alloc(1)
+    pool.store.hot_pool.release(page)  # quarantined: an allocation of every hot page waits for it
+    assert pool.lifecycle.reserve_hot(pool.store.hot_pool.num_pages)
     metrics.report(pool.store)
+    assert _exported("sglang:minima_allocation_syncs_total") == syncs + 1
     assert _sample("sglang:minima_peak_pages_held", format="hot") == 3
     assert pool.stats.fallbacks == 2
     assert _exported("sglang:minima_fallbacks_total") == fallbacks + 2

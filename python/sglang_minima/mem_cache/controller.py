@@ -216,13 +216,19 @@ class LifecycleController:
         short = num_pages - store.hot_pool.num_free
         if short <= 0:
             return True
-        if store.num_quarantined or store.conversions_pending:  # both pools: a conversion needs free TQ3 pages too
-            store.drain_quarantine()
-            short = num_pages - store.hot_pool.num_free
+        self._drain()  # both pools: a conversion needs free TQ3 pages too
+        short = num_pages - store.hot_pool.num_free
         if short > 0 and not self.config.disable_stale:
             store.stats.pressure_retier_pages += store.retier(self._order(store.hot_convertible(), demote=True)[:short])
-            store.drain_quarantine()  # publishes it and frees its sources, now (a second device sync)
+            self._drain()  # publishes it and frees its sources, now (a second device sync)
         return store.hot_pool.num_free >= num_pages
+
+    def _drain(self) -> None:
+        """The store's drain, counted where it waits for the device (something in flight)."""
+        store = self.store
+        if store.num_quarantined or store.conversions_pending:
+            store.stats.allocation_syncs += 1
+            store.drain_quarantine()
 
     def _order(self, mask: torch.Tensor, *, demote: bool) -> torch.Tensor:
         """Logical pages of ``mask`` ordered for demotion (lower tier first, oldest first) or for

@@ -27,6 +27,9 @@ class MinimaStats:
     promote: ConversionStats = dataclasses.field(default_factory=ConversionStats)
     pressure_retier_pages: int = 0
     """Pages converted at allocation time because no hot page was free (included in retier)."""
+    allocation_syncs: int = 0
+    """Device syncs an allocation waited on (reserve_hot: the pending conversions and the quarantine
+    freed at once, and each pressure conversion's publish): host stalls between forwards."""
     route_hot_pages: int = 0
     route_hot_tokens: int = 0
     route_tq3_pages: int = 0

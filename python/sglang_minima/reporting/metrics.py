@@ -13,6 +13,8 @@ Counters fed with the increase since the last update. Names:
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
   ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
   (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total``
+- ``sglang:minima_allocation_syncs_total``: device syncs an allocation waited on (no free hot page: the
+  quarantine freed at once, a pressure conversion published at once), host stalls between forwards
 - ``sglang:minima_route_pages_total{format}``, ``sglang:minima_route_tokens_total{format}`` (format hot/tq3;
   hot is FP8 e4m3, or the model dtype with ``--minima-hot-dtype auto``)
 - ``sglang:minima_fallbacks_total``, ``sglang:minima_prefix_hit_pages_total{format}``
@@ -95,6 +97,9 @@ class MinimaMetrics:
         self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
         self.conversion_failed_pages = counter("conversion_failed_pages", "Pages whose conversion failed.", ("direction",))
         self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no hot page was free.")
+        self.allocation_syncs = counter(
+            "allocation_syncs", "Device syncs an allocation waited on (the quarantine, a pressure conversion's publish)."
+        )
         self.route_pages = counter("route_pages", "Pages attended per format.", ("format",))
         self.route_tokens = counter("route_tokens", "Tokens attended per format.", ("format",))
         self.fallbacks = counter("fallbacks", "Forward steps the GPU kernels handed to the torch path.")
@@ -131,6 +136,7 @@ class MinimaMetrics:
             self._advance(self.conversion_seconds, conv.seconds, direction=direction)
             self._advance(self.conversion_failed_pages, conv.failed_pages, direction=direction)
         self._advance(self.pressure_retier_pages, stats.pressure_retier_pages)
+        self._advance(self.allocation_syncs, stats.allocation_syncs)
         for fmt, pages, tokens, hits in (
             ("hot", stats.route_hot_pages, stats.route_hot_tokens, stats.prefix_hit_hot_pages),
             ("tq3", stats.route_tq3_pages, stats.route_tq3_tokens, stats.prefix_hit_tq3_pages),
