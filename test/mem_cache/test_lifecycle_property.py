@@ -70,9 +70,11 @@ class Lifecycle(RuleBasedStateMachine):
         self.reads_before: list[tuple[int, int, int]] = []
         drain = self.store.drain_quarantine
 
-        def drain_after_sync():  # the device sync inside it ends every forward in flight
-            drain()
-            self.reads_now, self.reads_before = [], []
+        def drain_after_sync() -> bool:  # a device sync inside it ends every forward in flight
+            synced = drain()
+            if synced:
+                self.reads_now, self.reads_before = [], []
+            return synced
 
         self.store.drain_quarantine = drain_after_sync
         self.ctl = LifecycleController(

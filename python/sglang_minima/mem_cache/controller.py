@@ -224,11 +224,8 @@ class LifecycleController:
         return store.hot_pool.num_free >= num_pages
 
     def _drain(self) -> None:
-        """The store's drain, counted where it waits for the device (something in flight)."""
-        store = self.store
-        if store.num_quarantined or store.conversions_pending:
-            store.stats.allocation_syncs += 1
-            store.drain_quarantine()
+        """The store's drain, counted where it waited for the device."""
+        self.store.stats.allocation_syncs += self.store.drain_quarantine()
 
     def _order(self, mask: torch.Tensor, *, demote: bool) -> torch.Tensor:
         """Logical pages of ``mask`` ordered for demotion (lower tier first, oldest first) or for

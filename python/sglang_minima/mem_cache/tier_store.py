@@ -326,14 +326,17 @@ class TieredPageStore:
         self.tq3_pool.end_step()
         self.epoch += 1
 
-    def drain_quarantine(self) -> None:
+    def drain_quarantine(self) -> bool:
         """Publish every pending conversion and free every quarantined page now (their sources
-        included): waits for the device, so no copy runs and no forward can read them."""
-        if self.num_quarantined or self.pending:
-            torch.get_device_module(self.device).synchronize()
-            self.publish_conversions(wait=True)
-            self.hot_pool.drain()
-            self.tq3_pool.drain()
+        included): waits for the device, so no copy runs and no forward can read them. Whether it
+        had to (anything in flight)."""
+        if not (self.num_quarantined or self.pending):
+            return False
+        torch.get_device_module(self.device).synchronize()
+        self.publish_conversions(wait=True)
+        self.hot_pool.drain()
+        self.tq3_pool.drain()
+        return True
 
     # ---------------------------------------------------------------- conversions
 
