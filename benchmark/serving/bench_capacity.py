@@ -239,10 +239,14 @@ def rounds(args) -> list[tuple[int, int]]:
 DECODE_LINE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
 
 
-def decode_step(log_text: str) -> tuple[int, float]:
-    """(rows, ms per decode step) from SGLang's decode log lines: at the most running requests, the
-    window of highest generation throughput; (0, 0.0) with no decode line."""
-    windows = [(int(m[1]), float(m[2])) for m in DECODE_LINE.finditer(log_text)]
+def decode_windows(log_text: str) -> list[tuple[int, float]]:
+    """(running requests, generation tok/s) of each of SGLang's decode log lines, in order."""
+    return [(int(m[1]), float(m[2])) for m in DECODE_LINE.finditer(log_text)]
+
+
+def decode_step(windows: list[tuple[int, float]]) -> tuple[int, float]:
+    """(rows, ms per decode step) from ``decode_windows``: at the most running requests, the window
+    of highest generation throughput; (0, 0.0) with no decode line."""
     if not windows:
         return 0, 0.0
     rows = max(r for r, _ in windows)
@@ -250,14 +254,15 @@ def decode_step(log_text: str) -> tuple[int, float]:
     return rows, round(rows / best * 1000, 2) if best > 0 else 0.0
 
 
-def decode_medians(log_text: str) -> dict[int, list]:
-    """{rows: [median ms per step, decode lines]} over SGLang's decode log lines (each a window of
-    ``--decode-log-interval`` steps at that many running requests)."""
+def decode_medians(windows: list[tuple[int, float]]) -> dict[str, list]:
+    """{rows: [median ms per step, decode lines]} over ``decode_windows`` (each line a window of
+    ``--decode-log-interval`` steps at that many running requests); the keys are strings, as JSON
+    gives them back."""
     by_rows: dict[int, list[float]] = {}
-    for m in DECODE_LINE.finditer(log_text):
-        if float(m[2]) > 0:
-            by_rows.setdefault(int(m[1]), []).append(int(m[1]) / float(m[2]) * 1000)
-    return {rows: [round(statistics.median(ms), 2), len(ms)] for rows, ms in sorted(by_rows.items())}
+    for rows, tput in windows:
+        if tput > 0:
+            by_rows.setdefault(rows, []).append(rows / tput * 1000)
+    return {str(rows): [round(statistics.median(ms), 2), len(ms)] for rows, ms in sorted(by_rows.items())}
 
 
 def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: dict, work: Path,
@@ -288,8 +293,8 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             bench = json.loads(out_file.read_text().strip().splitlines()[-1])
             with open(server.log_path, errors="replace") as f:
                 f.seek(log_start)
-                log_text = f.read()
-            rows, step_ms = decode_step(log_text)
+                windows = decode_windows(f.read())
+            rows, step_ms = decode_step(windows)
             state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
             minima = state.get("minima", {})
             counters = {}
@@ -317,7 +322,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 median_itl_ms=bench["median_itl_ms"], p99_itl_ms=bench["p99_itl_ms"],
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
-                decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(log_text),
+                decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(windows),
                 kv=kv_format(arm, args.dtype, args.server_args),
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters,
@@ -334,7 +339,7 @@ def _ratio(num: float, den: float) -> str:
 def _step(r: ArmResult) -> str:
     if not r.decode_rows:
         return "-"
-    median = r.decode_medians.get(r.decode_rows) or r.decode_medians.get(str(r.decode_rows))  # (keys: str in JSON)
+    median = r.decode_medians.get(str(r.decode_rows))
     return f"{r.decode_step_ms}{f' / {median[0]}' if median else ''} @ {r.decode_rows}"
 
 

@@ -63,9 +63,10 @@ itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "med
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
 print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
-                  "iters": bc.decode_step(log.splitlines()[-1]), "decode": bc.decode_step(log), "medians": bc.decode_medians(log),
+                  "iters": bc.decode_step(bc.decode_windows(log.splitlines()[-1])), "decode": bc.decode_step(bc.decode_windows(log)),
+                  "medians": bc.decode_medians(bc.decode_windows(log)),
                   "median_cell": bc._step(bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "decode_rows": 16,
-                                                          "decode_step_ms": 16.95, "decode_medians": {"16": [20.0, 3]}})), "no_decode": bc.decode_step("Prefill batch, #new-seq: 1"),
+                                                          "decode_step_ms": 16.95, "decode_medians": {"16": [20.0, 3]}})), "no_decode": bc.decode_step(bc.decode_windows("Prefill batch, #new-seq: 1")),
                   "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
                   "rounds": rounds, "mismatch": mismatch, "table": table}, default=str))
 """
