@@ -28,6 +28,10 @@ Arms (``--arms``):
                      FP8 KV needs Intel AMX; there minima-nostale is the FP8 arm and the reference).
   minima-nostale     Minima with ``--minima-disable-stale``: every page FP8 e4m3.
   minima-default     Minima at the launcher's defaults, whatever they are at the commit that runs it.
+  minima-lmv         minima-default with ``--minima-value-code lloyd-max`` (Stale values coded as 3-bit keys
+                     are, one fp16 scale: 16 bits per value element per token fewer); the torch path serves
+                     it, so on CUDA pair it with minima-native.
+  minima-native      minima-default on the torch path (``--attention-backend minima_native``).
   minima             Minima (Recent 4 pages, 1 sink page) with 3-bit Stale keys (``--minima-key-bits 3``, the
                      launcher's default until 2026-12-03: every arm below but minima-k4 pins it, so that
                      each name keeps meaning what its committed answers ran).
@@ -100,13 +104,13 @@ class ArmSpec:
         return self.module == "sglang_minima.launch_server"
 
     def tq3_layout(self, heads: int, page_size: int, dim: int, extra_flags: Sequence[str] = ()):
-        """The TQ3 page layout this arm's server runs (key width, page-centered keys), ``extra_flags``
+        """The TQ3 page layout this arm's server runs (key width, page-centered keys, value code), ``extra_flags``
         (``--server-args``) after its own as the launcher reads them (the last value of a flag wins)."""
         from sglang_minima.codec.layout import TQ3PageLayout
         from sglang_minima.config import parse_minima_argv, split_minima_argv
 
         config = parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0])
-        return TQ3PageLayout(heads, page_size, dim, config.key_bits, config.key_center)
+        return TQ3PageLayout(heads, page_size, dim, config.key_bits, config.key_center, config.value_code)
 
     @property
     def converts(self) -> bool:
@@ -136,6 +140,10 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("bf16", "sglang.launch_server", ()),
         ArmSpec("fp8", "sglang.launch_server", ("--kv-cache-dtype", "fp8_e4m3")),
         ArmSpec("minima-default", "sglang_minima.launch_server", ()),
+        # the defaults with lloyd-max value codes (served by the torch path: minima_native on CUDA too),
+        # and the defaults on that path, its pair on CUDA
+        ArmSpec("minima-lmv", "sglang_minima.launch_server", ("--minima-value-code", "lloyd-max")),
+        ArmSpec("minima-native", "sglang_minima.launch_server", ("--attention-backend", "minima_native")),
     )
 } | {
     a.name: _pinned(a)
@@ -286,8 +294,9 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
                 outs = list(pool.map(lambda ex: generate_one(url, ex, args.max_new_tokens), group))
                 cur = minima_stats(url)
                 routes = stats_delta(prev, cur)
+                records = []
                 for ex, (out, seconds) in zip(group, outs):
-                    f.write(json.dumps({
+                    records.append(json.dumps({
                         "key": ex.key, "task": ex.task, "length": ex.length, "index": ex.index,
                         "answer": out["text"], "score": string_match_all(out["text"], ex.outputs),
                         "prompt_tokens": out["meta_info"]["prompt_tokens"],
@@ -297,6 +306,9 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
                         # the route counters' deltas over the example's group (the group attended them)
                         "group": group[0].key, "group_size": len(group), "routes": routes,
                     }) + "\n")
+                # one write a group: two runs side by side may append to one file (an arm's tasks split
+                # over two processes), and a group written in buffer-sized pieces could interleave
+                f.write("".join(records))
                 f.flush()
                 bar.update(len(group))
                 last = time.time() - t0

@@ -19,6 +19,8 @@ FLAG_PREFIX = "--minima-"
 HOT_DTYPES = ("fp8_e4m3", "auto")
 KEY_BITS = (3, 4)
 """Key code widths of Stale pages (codec.layout.KEY_BITS_CHOICES; this module imports no torch)."""
+VALUE_CODES = ("uniform", "lloyd-max")
+"""What a Stale page's value code means (codec.layout.VALUE_CODES)."""
 MAX_PAGES = 2**31 - 1
 """Largest page count a flag may give: page counts are compared with int32 page-table entries."""
 MAX_SEED = 2**63 - 1
@@ -94,6 +96,13 @@ class MinimaConfig:
         "element per page) and codes the keys' residual from it (docs/TQ3P.md). Served by the torch path "
         "(minima_native); the GPU kernels do not read it yet.",
     )
+    value_code: str = _option(
+        "uniform",
+        "What the 3-bit value codes of Stale (TQ3) pages mean: uniform (a per-token min/max grid, fp16 scale "
+        "and zero) or lloyd-max (the rotated value coded as 3-bit keys are, one fp16 least-squares scale: 16 "
+        "bits per value element per token fewer; docs/TQ3P.md). lloyd-max is served by the torch path "
+        "(minima_native); the GPU kernels do not read it yet.",
+    )
 
     def __post_init__(self) -> None:
         for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "tick_min_new_pages",
@@ -123,6 +132,8 @@ class MinimaConfig:
         if self.anchor_window > 0 and self.attention_score_anchors:
             raise ValueError(f"{flag_name('anchor_window')} and {flag_name('attention_score_anchors')} both fill the "
                              "Anchor budget: give one")
+        if self.value_code not in VALUE_CODES:
+            raise ValueError(f"{flag_name('value_code')} must be one of {VALUE_CODES}, got {self.value_code!r}")
         if type(self.key_bits) is not int or self.key_bits not in KEY_BITS:
             raise ValueError(
                 f"{flag_name('key_bits')} must be one of {', '.join(map(str, KEY_BITS))}, got {self.key_bits!r}"
@@ -169,7 +180,7 @@ def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(negated_flag_name(f.name), dest=dest, action="store_false", help=argparse.SUPPRESS)
         else:
             py_type = {"int": int, "float": float, "str": str}[str(f.type)]
-            choices = {"hot_dtype": HOT_DTYPES, "key_bits": KEY_BITS}.get(f.name)
+            choices = {"hot_dtype": HOT_DTYPES, "key_bits": KEY_BITS, "value_code": VALUE_CODES}.get(f.name)
             group.add_argument(
                 flag_name(f.name), dest=dest, type=py_type, default=f.default, choices=choices,
                 help=f"{doc} (default: {f.default})",

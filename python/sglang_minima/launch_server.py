@@ -188,6 +188,8 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append("--minima-anchor-window (the kernels collect no page mass)")
     if config.key_center:
         limits.append("--minima-key-center (the kernels do not read page-centered keys)")
+    if config.value_code != "uniform":
+        limits.append(f"--minima-value-code {config.value_code} (the kernels read uniform value codes)")
     return limits
 
 

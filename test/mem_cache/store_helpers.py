@@ -45,7 +45,7 @@ class HeldConversionStream(ConversionStream):
 
 def make_store(
     num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True, stream: ConversionStream | None = None,
-    debug_poison: bool | None = None, key_bits: int = 3, key_center: bool = False,
+    debug_poison: bool | None = None, key_bits: int = 3, key_center: bool = False, value_code: str = "uniform",
 ) -> TieredPageStore:
     shape = StoreShape(
         num_logical_pages=num_logical,
@@ -57,6 +57,7 @@ def make_store(
         hot_dtype=torch.float8_e4m3fn if fp8 else torch.float32,
         key_bits=key_bits,
         key_center=key_center,
+        value_code=value_code,
     )
     return TieredPageStore(shape, conversion_stream=stream, debug_poison=debug_poison)
 

@@ -30,7 +30,7 @@ K_SCALE, V_SCALE = 0.5, 0.25
 
 
 def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype=torch.uint8, layer=0, key_bits=3,
-          key_center=False, key_offset=0.0):
+          key_center=False, key_offset=0.0, value_code="uniform"):
     """One layer's page table and hot + TQ3 buffers: request i on its own logical pages (in a shuffled
     physical order), each full page TQ3 with probability ``stale``; the partial last page stays hot.
     ``key_offset``: every key of a page also carries one random vector of that scale per head."""
@@ -41,7 +41,7 @@ def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype
     fmt = torch.zeros(total + 1, dtype=torch.int8)
     phys = torch.zeros(total + 1, dtype=torch.int32)
     req_to_token = torch.zeros(len(kv_lens), max(pages) * ps, dtype=torch.int32)
-    layout, codebook = TQ3PageLayout(h, ps, d, key_bits, key_center), key_codebook(d, key_bits)
+    layout, codebook = TQ3PageLayout(h, ps, d, key_bits, key_center, value_code), key_codebook(d, key_bits)
     rotation = LayerRotation(h, d, layer, seed=3)
     fp8 = hot_dtype == torch.uint8
     hot_k = torch.zeros((total + 1) * ps, h, d, dtype=hot_dtype)
@@ -136,6 +136,25 @@ def test_page_centered_keys_match_the_reference_batched_decode(kv_lens, stale, t
     page and head, as the codec decodes it; keys share a large offset per page (post-RoPE keys do)."""
     pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=True, key_offset=6.0)
     assert pool[4].key_center
+    q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
+    want, got = _both(*pool, q, tile_pages)
+    _close(got, want)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    kv_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
+    stale=st.sampled_from([0.5, 1.0]),
+    tile_pages=st.sampled_from([1, 32]),
+    key_bits=st.sampled_from([3, 4]),
+    key_center=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_lloyd_max_values_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, key_center, seed):
+    """``lloyd-max`` values: the weights times each token's scale against the codes' centroids, no zero
+    term; the reference decodes the pages with the codec."""
+    pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=key_center, value_code="lloyd-max")
+    assert pool[4].value_code == "lloyd-max"
     q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
     want, got = _both(*pool, q, tile_pages)
     _close(got, want)

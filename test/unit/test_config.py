@@ -98,3 +98,12 @@ def test_key_bits_flag():
     for bad in (5, 0, 3.0, True):  # the environment's JSON path: the same check, naming the flag
         with pytest.raises(ValueError, match=r"--minima-key-bits must be one of 3, 4, got"):
             MinimaConfig(key_bits=bad)
+
+
+def test_value_code_flag():
+    assert MinimaConfig().value_code == "uniform"
+    assert parse_minima_argv(["--minima-value-code", "lloyd-max"]).value_code == "lloyd-max"
+    with pytest.raises(SystemExit):  # argparse's choices: the flag and its choices in the message
+        parse_minima_argv(["--minima-value-code", "lloyd"])
+    with pytest.raises(ValueError, match=r"--minima-value-code must be one of \('uniform', 'lloyd-max'\), got 'lmv'"):
+        MinimaConfig(value_code="lmv")  # the environment's JSON path

@@ -9,9 +9,10 @@ from .layout import (
     K_META_FIELDS,
     META_DTYPE_BYTES,
     TQ3_BITS,
-    V_META_FIELDS,
+    UNIFORM_VALUES,
     TQ3PageLayout,
     fp8_page_bytes,
+    value_meta_fields,
 )
 
 
@@ -57,15 +58,18 @@ def fp8_bits(head_dim: int) -> BitsPerElement:
     return BitsPerElement(8.0 * FP8_BYTES, 8.0 * FP8_BYTES)
 
 
-def tq3_bits(head_dim: int, key_bits: int = TQ3_BITS, centered_page_size: int | None = None) -> BitsPerElement:
-    """Keys key_bits + 16/d (3 or 4), values 3 + 32/d (metadata included, page padding excluded);
-    page-centered keys (``TQ3PageLayout.key_center``, pages of ``centered_page_size`` tokens) add
-    16/page_size to the keys: one fp16 mean per page, head and dimension."""
+def tq3_bits(
+    head_dim: int, key_bits: int = TQ3_BITS, centered_page_size: int | None = None, value_code: str = UNIFORM_VALUES
+) -> BitsPerElement:
+    """Keys key_bits + 16/d (3 or 4), values 3 + 32/d (``lloyd-max`` values: 3 + 16/d; metadata
+    included, page padding excluded); page-centered keys (``TQ3PageLayout.key_center``, pages of
+    ``centered_page_size`` tokens) add 16/page_size to the keys: one fp16 mean per page, head and
+    dimension."""
     meta_bits = 8 * META_DTYPE_BYTES
     center = meta_bits / centered_page_size if centered_page_size else 0.0
     return BitsPerElement(
         key_bits + K_META_FIELDS * meta_bits / head_dim + center,
-        TQ3_BITS + V_META_FIELDS * meta_bits / head_dim,
+        TQ3_BITS + value_meta_fields(value_code) * meta_bits / head_dim,
     )
 
 

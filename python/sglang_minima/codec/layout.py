@@ -11,15 +11,21 @@ One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one co
     + kc                           v_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
     + kc + vc                      k_norm   fp16  [num_kv_heads, page_size]   key norm correction
     + kc + vc + meta               v_scale  fp16  [num_kv_heads, page_size]
-    + kc + vc + 2*meta             v_zero   fp16  [num_kv_heads, page_size]
-    + kc + vc + 3*meta             k_mean   fp16  [num_kv_heads, head_dim]    (``key_center`` only)
+    + kc + vc + 2*meta             v_zero   fp16  [num_kv_heads, page_size]   (``uniform`` values only)
+    + kc + vc + (1 + vm)*meta      k_mean   fp16  [num_kv_heads, head_dim]    (``key_center`` only)
 
-(kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2.) Head-major, so one CTA working on one KV
-head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, this class's default) or 4
-(keys with a 16-level codebook: the server's default, ``--minima-key-bits``); values are always 3-bit.
-With ``key_center`` (page-centered keys, ``--minima-key-center``) the key codes and norms are those of
-each rotated key minus its page's mean key per head, and ``k_mean`` holds that mean (rounded to fp16):
-16 bits per key element per page, 0.25 per element at 64-token pages.
+(kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2, vm = 2 or 1 value fields.) Head-major, so one
+CTA working on one KV head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, this
+class's default) or 4 (keys with a 16-level codebook: the server's default, ``--minima-key-bits``);
+values are always 3-bit. With ``key_center`` (page-centered keys, ``--minima-key-center``) the key
+codes and norms are those of each rotated key minus its page's mean key per head, and ``k_mean`` holds
+that mean (rounded to fp16): 16 bits per key element per page, 0.25 per element at 64-token pages.
+
+``value_code`` says what a value code means (``--minima-value-code``): ``uniform`` (the default), the
+level ``scale * c + zero`` of a per-token min/max grid (two fp16 fields); ``lloyd-max``, the rotated
+value coded as 3-bit keys are (Lloyd-Max codes of the vector scaled to norm sqrt(D)) and decoded as
+``scale * centroid[c]``, one fp16 field, the least-squares scale for those codes (no ``v_zero``: 16
+bits per value element per token fewer). Both pack their codes the same way (value MMA order below).
 
 Codes are stored in the order the decode kernel's tensor-core fragments consume them ("MMA order"),
 so that each lane of a warp copies its own words with coalesced vector copies and turns them into
@@ -67,11 +73,18 @@ HEAD_DIM_MULTIPLE = 64  # D/4 pairs per lane must fill whole triples
 KEY, VALUE = "k", "v"
 META_DTYPE_BYTES = 2  # fp16 norm / scale / zero
 K_META_FIELDS = 1  # k_norm
-V_META_FIELDS = 2  # v_scale, v_zero
+V_META_FIELDS = 2  # v_scale, v_zero (``uniform`` values; ``lloyd-max`` values keep v_scale only)
+UNIFORM_VALUES, LLOYD_MAX_VALUES = "uniform", "lloyd-max"
+VALUE_CODES = (UNIFORM_VALUES, LLOYD_MAX_VALUES)  # what a value code means (``TQ3PageLayout.value_code``)
 FP8_BYTES = 1  # e4m3
 PAGE_ALIGN = 16  # page blocks start on 16-byte boundaries (vectorized loads)
 
 LSE_BASE = 2.0
+
+
+def value_meta_fields(value_code: str) -> int:
+    """fp16 fields per value token and head: scale and zero (``uniform``), or the scale (``lloyd-max``)."""
+    return V_META_FIELDS if value_code == UNIFORM_VALUES else 1
 
 
 def page_size_fits(page_size: int) -> bool:
@@ -105,7 +118,8 @@ WORD_BITS = {
 
 @dataclass(frozen=True)
 class TQ3PageLayout:
-    """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim, key_bits, key_center).
+    """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim, key_bits, key_center,
+    value_code).
 
     ``key_bits`` is the key code width, 3 (TQ3) or 4; values are 3-bit either way. With 4-bit keys
     the key and value code blocks differ in size: ``k_code_bytes`` / ``v_code_bytes`` (and the
@@ -117,8 +131,11 @@ class TQ3PageLayout:
     head_dim: int
     key_bits: int = TQ3_BITS
     key_center: bool = False
+    value_code: str = UNIFORM_VALUES
 
     def __post_init__(self) -> None:
+        if self.value_code not in VALUE_CODES:
+            raise ValueError(f"TQ3 value codes are {' or '.join(VALUE_CODES)}, got value_code={self.value_code!r}")
         if self.key_bits not in KEY_BITS_CHOICES:
             raise ValueError(f"TQ3 key codes are {' or '.join(map(str, KEY_BITS_CHOICES))} bits wide, got key_bits={self.key_bits}")
         if not head_dim_fits(self.head_dim):
@@ -227,14 +244,21 @@ class TQ3PageLayout:
 
     @property
     def v_zero_offset(self) -> int:
+        """The values' zero points, fp16 [H, P] (``uniform`` values only)."""
+        if self.value_code != UNIFORM_VALUES:
+            raise ValueError(f"TQ3PageLayout.v_zero_offset: {self.value_code} values have no v_zero field")
         return self.payload_bytes + 2 * self.meta_bytes
+
+    @property
+    def v_meta_fields(self) -> int:
+        return value_meta_fields(self.value_code)
 
     @property
     def k_mean_offset(self) -> int:
         """The page's mean keys per head, fp16 [H, D] (``key_center`` only)."""
         if not self.key_center:
             raise ValueError("TQ3PageLayout.k_mean_offset: this layout has no k_mean field (key_center=False)")
-        return self.payload_bytes + (K_META_FIELDS + V_META_FIELDS) * self.meta_bytes
+        return self.payload_bytes + (K_META_FIELDS + self.v_meta_fields) * self.meta_bytes
 
     @property
     def k_mean_bytes(self) -> int:
@@ -249,7 +273,7 @@ class TQ3PageLayout:
     @property
     def metadata_bytes(self) -> int:
         """Norm / scale / zero (and, with ``key_center``, mean-key) bytes of one page."""
-        return (K_META_FIELDS + V_META_FIELDS) * self.meta_bytes + self.k_mean_bytes
+        return (K_META_FIELDS + self.v_meta_fields) * self.meta_bytes + self.k_mean_bytes
 
     @property
     def page_bytes(self) -> int:

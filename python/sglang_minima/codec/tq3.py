@@ -6,7 +6,9 @@ an fp16 norm correction s = n / ||centroids[c]||, so k̂' = s·centroids[c] has 
 (``codebook.key_codebook``); the recipe is the same.
 Page-centered keys (``TQ3PageLayout.key_center``): the recipe codes k' - m instead, m the page's
 mean rotated key per head (fp16), and decodes s·centroids[c] + m.
-Values (rotated v', per token): fp16 zero = min, fp16 scale = (max - min)/7, uniform 3-bit codes.
+Values (rotated v', per token): fp16 zero = min, fp16 scale = (max - min)/7, uniform 3-bit codes;
+or (``TQ3PageLayout.value_code == "lloyd-max"``) the 3-bit key recipe's codes and one fp16 scale, the
+least-squares <v', c>/<c, c>, decoded s·centroids[c] (``value_codebook``).
 The exact arithmetic (order, rounding) is specified in docs/TQ3P.md; each step below is one IEEE
 fp32 operation so a kernel can replicate it. Decoded K/V stay in the rotated space: attention uses
 q' = R q and un-rotates its output once.
@@ -19,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .codebook import Codebook
+from .codebook import Codebook, tq3_codebook
 from .fp8 import Scale, fp8_dequantize
-from .layout import KEY, VALUE, TQ3PageLayout
+from .layout import KEY, UNIFORM_VALUES, VALUE, TQ3PageLayout
 from .packing import pack_codes, unpack_codes
 from .rotation import LayerRotation
 
@@ -79,22 +81,27 @@ def _check_finite_fp16(x: torch.Tensor, what: str) -> None:
         )
 
 
-def quantize_keys(k_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated keys [..., D] -> (codes uint8 [..., D], norm correction fp16 [...])."""
-    k = k_rot.to(torch.float32)
-    d = k.shape[-1]
-    thresholds = codebook.thresholds.to(k.device)
-    centroids = codebook.centroids.to(k.device)
-    norm_sq = sum_of_squares(k)
+def _sphere_codes(x_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotated vectors [..., D] -> (codes uint8 [..., D] of sqrt(D)·x/||x|| against the codebook's
+    thresholds, the fp32 norm [...], the zero mask [...]: vectors coded as all-zero)."""
+    x = x_rot.to(torch.float32)
+    d = x.shape[-1]
+    thresholds = codebook.thresholds.to(x.device)
+    norm_sq = sum_of_squares(x)
     zero = norm_sq < _MIN_NORM_SQ
     norm = _sqrt(norm_sq)
     sqrt_d = torch.full_like(norm, float(torch.tensor(math.sqrt(d), dtype=torch.float32)))
     ratio = torch.where(zero, torch.zeros_like(norm), _div(sqrt_d, norm))
-    u = (k * ratio.unsqueeze(-1)).contiguous()
+    u = (x * ratio.unsqueeze(-1)).contiguous()
     # code = #{j : t_j < u}; bucketize(right=False) counts boundaries strictly below u.
     codes = torch.bucketize(u, thresholds, right=False).to(torch.uint8)
-    codes = torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes)
-    code_norm = _sqrt(sum_of_squares(centroids[codes.long()]))
+    return torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes), norm, zero
+
+
+def quantize_keys(k_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated keys [..., D] -> (codes uint8 [..., D], norm correction fp16 [...])."""
+    codes, norm, zero = _sphere_codes(k_rot, codebook)
+    code_norm = _sqrt(sum_of_squares(codebook.centroids.to(codes.device)[codes.long()]))
     correction = torch.where(zero, torch.zeros_like(norm), _div(norm, code_norm)).to(torch.float16)
     _check_finite_fp16(correction, "key norm correction")
     return codes, correction
@@ -135,6 +142,29 @@ def dequantize_values(
     )
 
 
+def quantize_values_lloyd_max(v_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lloyd-max`` values: rotated values [..., D] -> (codes uint8 [..., D], scale fp16 [...]). The
+    codes are the key recipe's (``_sphere_codes``, the 3-bit codebook); the scale is the least-squares
+    one for them, <v', c> / <c, c> with c = centroids[codes] (fp32 sums in ``sum_of_squares``' order,
+    one correctly rounded division), so scale·c is the closest point to v' on the codes' line."""
+    codes, _, zero = _sphere_codes(v_rot, codebook)
+    c = codebook.centroids.to(codes.device)[codes.long()]
+    dot = _tree_sum(v_rot.to(torch.float32) * c)
+    scale = torch.where(zero, torch.zeros_like(dot), _div(dot, sum_of_squares(c))).to(torch.float16)
+    _check_finite_fp16(scale, "value scale")
+    return codes, scale
+
+
+def dequantize_values_lloyd_max(codes: torch.Tensor, scale: torch.Tensor, codebook: Codebook) -> torch.Tensor:
+    """(codes [..., D], fp16 [...]) -> rotated values fp32 [..., D]: scale·centroids[c]."""
+    return dequantize_keys(codes, scale, codebook)
+
+
+def value_codebook(head_dim: int) -> Codebook:
+    """The codebook of ``lloyd-max`` values: the 3-bit key codebook of the head dim (values are 3-bit)."""
+    return tq3_codebook(head_dim)
+
+
 def _check_codes(codes: torch.Tensor, levels: int) -> None:
     if codes.dtype != torch.uint8:
         raise TypeError(f"TQ3 codes must be uint8, got dtype={codes.dtype}")
@@ -150,7 +180,7 @@ class TQ3PageFields:
     v_codes: torch.Tensor  # uint8 [N, H, P*D*3/8], MMA order
     k_norm: torch.Tensor  # fp16 [N, H, P]
     v_scale: torch.Tensor  # fp16 [N, H, P]
-    v_zero: torch.Tensor  # fp16 [N, H, P]
+    v_zero: torch.Tensor | None  # fp16 [N, H, P] (``uniform`` values only)
     k_mean: torch.Tensor | None = None  # fp16 [N, H, D] (``key_center`` layouts only)
 
 
@@ -174,7 +204,7 @@ def page_fields(pages: torch.Tensor, layout: TQ3PageLayout) -> TQ3PageFields:
         codes(layout.v_codes_offset, layout.v_head_code_bytes),
         meta(layout.k_norm_offset),
         meta(layout.v_scale_offset),
-        meta(layout.v_zero_offset),
+        meta(layout.v_zero_offset) if layout.value_code == UNIFORM_VALUES else None,
         k_mean,
     )
 
@@ -241,13 +271,16 @@ def encode_pages(
     if k_mean is not None:  # the code spends its levels on how keys differ within the page
         k_rot = k_rot - k_mean.to(torch.float32).unsqueeze(-2)
     k_codes, k_norm = quantize_keys(k_rot, codebook)
-    v_codes, v_scale16, v_zero16 = quantize_values(rotation.rotate(vf, head_axis=-3))
+    v_rot = rotation.rotate(vf, head_axis=-3)
+    if layout.value_code == UNIFORM_VALUES:
+        v_codes, *v_meta = quantize_values(v_rot)
+    else:
+        v_codes, *v_meta = quantize_values_lloyd_max(v_rot, value_codebook(layout.head_dim))
     parts = [
         pack_codes(k_codes, KEY, layout.key_bits).reshape(n, -1),
         pack_codes(v_codes, VALUE).reshape(n, -1),
         k_norm.reshape(n, -1).view(torch.uint8),
-        v_scale16.reshape(n, -1).view(torch.uint8),
-        v_zero16.reshape(n, -1).view(torch.uint8),
+        *(m.reshape(n, -1).view(torch.uint8) for m in v_meta),
     ]
     if k_mean is not None:
         parts.append(k_mean.reshape(n, -1).view(torch.uint8))
@@ -261,8 +294,11 @@ def decode_pages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TQ3P pages [N, page_bytes] -> (k̂', v̂') fp32 [N, H, P, D] in the ROTATED space."""
     f = page_fields(pages, layout)
-    p, d = layout.page_size, layout.head_dim
-    v = dequantize_values(unpack_codes(f.v_codes, VALUE, p, d), f.v_scale, f.v_zero)
+    v_codes = unpack_codes(f.v_codes, VALUE, layout.page_size, layout.head_dim)
+    if f.v_zero is not None:
+        v = dequantize_values(v_codes, f.v_scale, f.v_zero)
+    else:
+        v = dequantize_values_lloyd_max(v_codes, f.v_scale, value_codebook(layout.head_dim))
     return _keys_of(f, layout, codebook), v
 
 

@@ -18,6 +18,7 @@ import logging
 
 import torch
 
+from sglang_minima.codec.layout import UNIFORM_VALUES
 from sglang_minima.codec.rotation import is_power_of_two
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,9 @@ def kernel_conversions(store) -> KernelConversions | None:
     s = store.shape
     if store.device.type != "cuda":
         return None
-    if s.key_center:
-        logger.info("Minima: conversions on the torch codec (the kernels do not write page-centered keys)")
+    if s.key_center or s.value_code != UNIFORM_VALUES:
+        logger.info("Minima: conversions on the torch codec (the kernels write neither page-centered keys nor "
+                    "%s values; --minima-key-center %s)", s.value_code, s.key_center)
         return None
     if not store.is_fp8 or not is_power_of_two(s.head_dim):
         logger.info(

@@ -81,6 +81,7 @@ class MinimaKVPool(MHATokenToKVPool):
             hot_dtype=self.dtype,
             key_bits=cfg.key_bits,
             key_center=cfg.key_center,
+            value_code=cfg.value_code,
         )
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.store = TieredPageStore(

@@ -30,7 +30,9 @@ from minima_kernels.heuristics import prefill_scratch_bytes, prefill_tq3_kernel 
 
 from sglang_minima.codec.codebook import Codebook, key_codebook
 from sglang_minima.codec.fp8 import fp8_requantize
-from sglang_minima.codec.layout import CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3_BITS, TQ3PageLayout, head_dim_fits, page_size_fits
+from sglang_minima.codec.layout import (
+    CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3_BITS, UNIFORM_VALUES, TQ3PageLayout, head_dim_fits, page_size_fits,
+)
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
 from sglang_minima.config import MinimaConfig
@@ -77,7 +79,9 @@ def minima_cell_size(
     unsupported geometry is refused here, before any allocation."""
     check_geometry(page_size, head_dim)
     hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
-    tq3 = TQ3PageLayout(num_kv_heads, page_size, head_dim, config.key_bits, config.key_center).page_bytes / page_size
+    tq3 = TQ3PageLayout(
+        num_kv_heads, page_size, head_dim, config.key_bits, config.key_center, config.value_code
+    ).page_bytes / page_size
     fraction = 1.0 if config.disable_stale else config.fp8_page_fraction
     return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
@@ -112,6 +116,8 @@ class StoreShape:
     """Key code width of TQ3 pages (``--minima-key-bits``, whose default is 4): 3 or 4."""
     key_center: bool = False
     """Page-centered keys in TQ3 pages (``--minima-key-center``)."""
+    value_code: str = UNIFORM_VALUES
+    """What TQ3 value codes mean (``--minima-value-code``): uniform or lloyd-max."""
 
     def __post_init__(self) -> None:
         check_geometry(self.page_size, self.head_dim)
@@ -127,7 +133,9 @@ class StoreShape:
 
     @property
     def layout(self) -> TQ3PageLayout:
-        return TQ3PageLayout(self.num_kv_heads, self.page_size, self.head_dim, self.key_bits, self.key_center)
+        return TQ3PageLayout(
+            self.num_kv_heads, self.page_size, self.head_dim, self.key_bits, self.key_center, self.value_code
+        )
 
 
 @dataclass

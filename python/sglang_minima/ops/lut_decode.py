@@ -14,7 +14,8 @@ the reference spends its time on (profiled in docs/results/cpu_decode.md) and wh
   dims; no per-element norm multiply (the fp16 norm correction scales the scores, [tokens] instead
   of [tokens, D]).
 * values: ``scale * code + zero`` is never formed: the weights are multiplied by the scale, the
-  codes are the GEMM operand, and the zero point adds ``sum(p * zero)`` to the output.
+  codes are the GEMM operand, and the zero point adds ``sum(p * zero)`` to the output
+  (``lloyd-max`` values: the operand is the codes' centroids, and there is no zero point).
 * FP8 pages: the e4m3 table decode writes [page, head, token, dim] at once (no permuted copy for
   the GEMMs); the per-layer scales multiply the query and the output.
 * the rotation: q' = R q and out = R^T out' as one small GEMM each (R cached per layer) instead of
@@ -32,9 +33,9 @@ import torch
 
 from ..codec.codebook import Codebook
 from ..codec.fp8 import Scale, fp8_dequantize
-from ..codec.layout import VALUE, TQ3PageLayout
+from ..codec.layout import UNIFORM_VALUES, VALUE, TQ3PageLayout
 from ..codec.packing import code_ints, key_pair_fields
-from ..codec.tq3 import check_codebook
+from ..codec.tq3 import check_codebook, value_codebook
 from ..codec.rotation import LayerRotation
 from .batched_decode import PageList, page_tiles, token_visibility
 from .dense import LOG2E
@@ -179,6 +180,8 @@ def lut_tq3_batch_decode(
     g = hq // h
     check_codebook(codebook, layout, "lut_tq3_batch_decode")
     pairs = _centroid_pairs(tuple(codebook.centroids.tolist()), dev)
+    # lloyd-max values decode through their codebook's centroids (uniform ones are the codes themselves)
+    v_levels = None if layout.value_code == UNIFORM_VALUES else value_codebook(d).centroids.to(dev)
     qs = q_rot.to(torch.float32).view(b, h, g, d) * (sm_scale * LOG2E)
     words = buffer.view(torch.int32)
     k_words, v_words, meta = layout.k_code_bytes // _WORD_BYTES, layout.v_code_bytes // _WORD_BYTES, h * ps
@@ -188,9 +191,9 @@ def lut_tq3_batch_decode(
         n = span.stop - span.start
         pw = words.index_select(0, tq3.pages[span].to(torch.int64))  # [n, page_words]
         fp16 = pw.view(torch.float16)
-        k_norm, v_scale, v_zero = (
+        k_norm, v_scale = (
             fp16[:, off // 2 : off // 2 + meta].view(n, h, 1, ps).to(torch.float32)
-            for off in (layout.k_norm_offset, layout.v_scale_offset, layout.v_zero_offset)
+            for off in (layout.k_norm_offset, layout.v_scale_offset)
         )
         fields = key_pair_fields(pw[:, k0 : k0 + k_words].view(n, h, -1), ps, d, layout.key_bits)
         k = pairs.index_select(0, fields.view(-1)).view(torch.float32).view(n * h, ps, d)
@@ -201,12 +204,17 @@ def lut_tq3_batch_decode(
             s = s + torch.bmm(q_req, mean.view(n * h, d, 1)).view(n, h, g, 1)
         visible = _visibility(tq3.page_index[span], req, kv_lens, ps)
         p, m, denom = _segment_softmax(s, req, visible, b)
-        # values scale * code + zero: the scale folds into the weights, the zero into their sum
-        v = code_ints(pw[:, v0 : v0 + v_words].view(n, h, -1), VALUE, ps, d).to(torch.float32)
-        w = p * v_scale
-        o = torch.baddbmm(
-            (p * v_zero).sum(-1).view(n * h, g, 1), w.view(n * h, g, ps), v.view(n * h, ps, d)
-        )
+        # values scale * code + zero (uniform) or scale * centroid[code] (lloyd-max): the scale folds
+        # into the weights, the zero into their sum
+        codes = code_ints(pw[:, v0 : v0 + v_words].view(n, h, -1), VALUE, ps, d)
+        w = (p * v_scale).view(n * h, g, ps)
+        if v_levels is None:
+            v_zero = fp16[:, layout.v_zero_offset // 2 : layout.v_zero_offset // 2 + meta].view(n, h, 1, ps)
+            v = codes.to(torch.float32)
+            o = torch.baddbmm((p * v_zero.to(torch.float32)).sum(-1).view(n * h, g, 1), w, v.view(n * h, ps, d))
+        else:
+            v = v_levels.index_select(0, codes.view(-1).to(torch.int64)).view(codes.shape)
+            o = torch.bmm(w, v.view(n * h, ps, d))
         note_scratch(pw, k, v, s, p)  # one tile's page words, decoded keys and values, scores
         acc = torch.zeros(b, h, g, d, dtype=torch.float32, device=dev).index_add_(0, req, o.view(n, h, g, d))
         del pw, k, v, s  # before the next tile is decoded
