@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import sglang_minima.mem_cache.tier_store as tier_store
+from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from store_helpers import PS, make_store, random_kv, read_page, rel_err, write_tokens
 
@@ -42,50 +43,42 @@ def test_retier_then_promote_keeps_pages_readable(fp8, key_bits):
     assert store.stats.retier.pages == 3 and store.stats.promote.pages == 2
 
 
+def _convert_and_promote(store, key_offset: float = 0.0) -> tuple[float, float]:
+    """Two pages written, converted to TQ3 and one promoted back; the largest relative error of their
+    (keys, values) as TQ3 against what the FP8 pages held. ``key_offset``: the scale of one random
+    vector every key of a layer's tokens shares (post-RoPE keys share one within a page)."""
+    assert store.tq3[0].shape[1] == store.layout.page_bytes
+    pages = torch.tensor([2, 5])
+    store.map_new(pages)
+    slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
+    k, v = random_kv(slots.numel(), torch.Generator().manual_seed(3))
+    k = k + key_offset * torch.randn(k.shape[0], 1, k.shape[2], k.shape[3], generator=torch.Generator().manual_seed(4))
+    write_tokens(store, slots, k, v)
+    assert store.retier(pages) == 2
+    held = [fp8_dequantize(fp8_quantize(x)).view(x.shape[0], -1, PS, *x.shape[2:]) for x in (k, v)]
+    errs = tuple(max(rel_err(read_page(store, p, layer)[j], held[j][layer, i])
+                     for i, p in enumerate(pages.tolist()) for layer in range(2)) for j in (0, 1))
+    assert store.promote(pages[:1]) == 1 and store.page_table.fmt[2] == FMT_HOT
+    return errs
+
+
 def test_page_centered_keys_convert_and_promote_through_the_codec():
-    """``--minima-key-center``: the store's TQ3 pages carry the mean-key field, a conversion writes the
-    codec's bytes for the page's FP8 keys, and a page whose keys share a large offset reads back
-    closer than the plain 4-bit code gets it."""
-    errs = {}
-    for center in (False, True):
-        store = make_store(key_bits=4, key_center=center)
-        assert store.layout.key_center == center and store.tq3[0].shape[1] == store.layout.page_bytes
-        pages = torch.tensor([2, 5])
-        store.map_new(pages)
-        slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
-        k, v = random_kv(slots.numel(), torch.Generator().manual_seed(3))
-        k = k + 8 * torch.randn(k.shape[0], 1, k.shape[2], k.shape[3], generator=torch.Generator().manual_seed(4))
-        write_tokens(store, slots, k, v)
-        assert store.retier(pages) == 2
-        k = k.view(k.shape[0], -1, PS, *k.shape[2:])
-        errs[center] = max(rel_err(read_page(store, p, layer)[0], k[layer, i])
-                           for i, p in enumerate(pages.tolist()) for layer in range(2))
-        assert store.promote(pages[:1]) == 1 and store.page_table.fmt[2] == FMT_HOT
-    assert errs[True] < errs[False] / 2, errs
+    """``--minima-key-center``: the store's TQ3 pages carry the mean-key field, and a page whose keys
+    share a large offset reads back closer than the plain 4-bit code gets it."""
+    plain, centered = make_store(key_bits=4), make_store(key_bits=4, key_center=True)
+    assert centered.layout.key_center and not plain.layout.key_center
+    (k_plain, _), (k_centered, _) = _convert_and_promote(plain, 8.0), _convert_and_promote(centered, 8.0)
+    assert k_centered < k_plain / 2, (k_centered, k_plain)
 
 
 def test_lloyd_max_values_convert_and_promote_through_the_codec():
-    """``--minima-value-code lloyd-max``: the store's TQ3 pages have no zero-point field, the pages
-    convert and promote, and their values read back closer to what the FP8 pages held than the
-    uniform code gets them."""
-    from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
-
-    errs = {}
-    for code in ("uniform", "lloyd-max"):
-        store = make_store(key_bits=4, value_code=code)
-        assert store.layout.value_code == code and store.tq3[0].shape[1] == store.layout.page_bytes
-        pages = torch.tensor([2, 5])
-        store.map_new(pages)
-        slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
-        k, v = random_kv(slots.numel(), torch.Generator().manual_seed(3))
-        write_tokens(store, slots, k, v)
-        assert store.retier(pages) == 2
-        v = fp8_dequantize(fp8_quantize(v)).view(v.shape[0], -1, PS, *v.shape[2:])  # what the pages held
-        errs[code] = max(rel_err(read_page(store, p, layer)[1], v[layer, i])
-                         for i, p in enumerate(pages.tolist()) for layer in range(2))
-        assert store.promote(pages[:1]) == 1 and store.page_table.fmt[2] == FMT_HOT
+    """``--minima-value-code lloyd-max``: the store's TQ3 pages have no zero-point field, and the values
+    read back closer to what the FP8 pages held than the uniform code gets them."""
+    uniform, lloyd = make_store(key_bits=4), make_store(key_bits=4, value_code="lloyd-max")
+    assert lloyd.layout.value_code == "lloyd-max" and lloyd.layout.page_bytes < uniform.layout.page_bytes
+    (_, v_uniform), (_, v_lloyd) = _convert_and_promote(uniform), _convert_and_promote(lloyd)
     # at head_dim 64 the squared error is about 0.87 of the uniform code's (test_tq3), the norm 0.93
-    assert errs["lloyd-max"] < 0.96 * errs["uniform"], errs
+    assert v_lloyd < 0.96 * v_uniform, (v_lloyd, v_uniform)
 
 
 def test_only_sealed_hot_pages_are_converted():

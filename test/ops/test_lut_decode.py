@@ -123,38 +123,25 @@ def test_four_bit_keys_match_the_reference_batched_decode(kv_lens, stale, tile_p
     _close(got, want)
 
 
-@settings(max_examples=10, deadline=None)
-@given(
-    kv_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
-    stale=st.sampled_from([0.5, 1.0]),
-    tile_pages=st.sampled_from([1, 32]),
-    key_bits=st.sampled_from([3, 4]),
-    seed=st.integers(0, 10_000),
-)
-def test_page_centered_keys_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, seed):
-    """Page-centered keys (``key_center``): the page's mean key enters the scores as one q . mean per
-    page and head, as the codec decodes it; keys share a large offset per page (post-RoPE keys do)."""
-    pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=True, key_offset=6.0)
-    assert pool[4].key_center
-    q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
-    want, got = _both(*pool, q, tile_pages)
-    _close(got, want)
-
-
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(
     kv_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
     stale=st.sampled_from([0.5, 1.0]),
     tile_pages=st.sampled_from([1, 32]),
     key_bits=st.sampled_from([3, 4]),
     key_center=st.booleans(),
+    value_code=st.sampled_from(["uniform", "lloyd-max"]),
     seed=st.integers(0, 10_000),
 )
-def test_lloyd_max_values_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, key_center, seed):
-    """``lloyd-max`` values: the weights times each token's scale against the codes' centroids, no zero
-    term; the reference decodes the pages with the codec."""
-    pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=key_center, value_code="lloyd-max")
-    assert pool[4].value_code == "lloyd-max"
+def test_layout_options_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, key_center,
+                                                           value_code, seed):
+    """Page-centered keys (``key_center``): the page's mean key enters the scores as one q . mean per
+    page and head, as the codec decodes it; keys share a large offset per page (post-RoPE keys do).
+    ``lloyd-max`` values: the weights times each token's scale against the codes' centroids, no zero
+    term. The reference decodes the pages with the codec."""
+    pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=key_center,
+                 key_offset=6.0 if key_center else 0.0, value_code=value_code)
+    assert pool[4].key_center == key_center and pool[4].value_code == value_code
     q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
     want, got = _both(*pool, q, tile_pages)
     _close(got, want)
