@@ -82,9 +82,10 @@ def kernel_conversions(store) -> KernelConversions | None:
     s = store.shape
     if store.device.type != "cuda":
         return None
-    if s.key_center or s.value_code != UNIFORM_VALUES:
-        logger.info("Minima: conversions on the torch codec (the kernels write neither page-centered keys nor "
-                    "%s values; --minima-key-center %s)", s.value_code, s.key_center)
+    unread = [what for what, on in (("page-centered keys", s.key_center),
+                                    (f"{s.value_code} values", s.value_code != UNIFORM_VALUES)) if on]
+    if unread:
+        logger.info("Minima: conversions on the torch codec (the kernels do not write %s)", " or ".join(unread))
         return None
     if not store.is_fp8 or not is_power_of_two(s.head_dim):
         logger.info(
