@@ -60,9 +60,25 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
                                      "counters": {"peak_scratch_mib": 63.0, "scratch_reserve_mib": 64.0,
                                                  "peak_hot_pages": "40 / 2148"}})])
 itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5})])
+import http.server, threading
+seen = []
+class Stub(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        seen.append((self.path, json.loads(body) if body else None))
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+stub = http.server.HTTPServer(("127.0.0.1", 0), Stub)
+threading.Thread(target=stub.serve_forever, daemon=True).start()
+url = f"http://127.0.0.1:{stub.server_address[1]}"
+bc.warm_up(url, types.SimpleNamespace(dataset="random", input_len=6000, system_prompt_len=512))
+bc.warm_up(url, types.SimpleNamespace(dataset="gsp", input_len=6000, system_prompt_len=512))
+stub.shutdown()
+warm = [(path, len(b["input_ids"]) if b else None, b and b["input_ids"][:3], b and b["sampling_params"]["max_new_tokens"])
+        for path, b in seen]
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
-print(json.dumps({"canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
+print(json.dumps({"warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(bc.decode_windows(log.splitlines()[-1])), "decode": bc.decode_step(bc.decode_windows(log)),
                   "medians": bc.decode_medians(bc.decode_windows(log)),
                   "median_cell": bc._step(bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "decode_rows": 16,
@@ -132,4 +148,9 @@ def test_budgets_rounds_and_ratios(tmp_path):
     # flags given to every arm count in its budget: the server reads them after the arm's own
     assert got["override"]["minima"] == per["minima-fp8"] and got["override"]["sglang"] == per["sglang-fp8"]
     assert "--page-size" in got["page_size_refused"]
+    # the warm-up: a prompt of at most 4,096 ids (gsp: the system prompt's length), the same prompt again
+    # (the prefix hit), a cache flush; then the rounds
+    ids = [1000, 1000 + 7919, 1000 + (2 * 7919) % 31000]
+    assert got["warm"] == [["/generate", 4096, ids, 16], ["/generate", 4096, ids, 16], ["/flush_cache", None, None, None],
+                           ["/generate", 512, ids, 16], ["/generate", 512, ids, 16], ["/flush_cache", None, None, None]]
     assert got["iters"] == [4, 10.0]  # SGLang's line with LOG_FORWARD_ITERS: "Decode batch [N], ..."
