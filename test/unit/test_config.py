@@ -101,6 +101,11 @@ def test_key_bits_flag():
 
 
 def test_value_code_flag():
+    from sglang_minima.codec.layout import KEY_BITS_CHOICES, VALUE_CODES as LAYOUT_VALUE_CODES
+    from sglang_minima.config import KEY_BITS, VALUE_CODES
+
+    # the config's copies of the layout's choices (it imports no torch): the same, in the same order
+    assert VALUE_CODES == LAYOUT_VALUE_CODES and KEY_BITS == KEY_BITS_CHOICES
     assert MinimaConfig().value_code == "uniform"
     assert parse_minima_argv(["--minima-value-code", "lloyd-max"]).value_code == "lloyd-max"
     with pytest.raises(SystemExit):  # argparse's choices: the flag and its choices in the message
