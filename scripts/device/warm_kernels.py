@@ -8,11 +8,19 @@ kernels ``--attention-backend minima`` builds for the device e2e suite's models;
 those of test/gpu/test_kernels.py (its geometries, conversions included).
 """
 
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import flashinfer
+# the harness's environment (env.sh) points the kernel caches where its servers read them and puts the
+# bundle's packages on the path; run without it (2026-12-05: "No module named 'flashinfer'") nothing is
+# built, or it is built where no server looks
+if not {"FLASHINFER_WORKSPACE_BASE", "TILELANG_CACHE_DIR"} <= os.environ.keys():
+    sys.exit("warm_kernels.py: run `. scripts/device/env.sh` first (run_suite.sh does): its FLASHINFER_WORKSPACE_BASE "
+             "and TILELANG_CACHE_DIR are the caches the servers read")
+
+import flashinfer  # noqa: E402
 import torch
 from minima_kernels import PageConversions, tile_config, tq3_decode_kernel, tq3_merge_splits
 from minima_kernels.common import key_centroids_fp16
