@@ -118,6 +118,16 @@ COUNTERS = {
 """Per-round figures from MinimaStats.as_dict(): each the difference of the cumulative counter."""
 
 
+def server_state(url: str) -> dict:
+    """The scheduler's state from /server_info (Minima's under ``minima``)."""
+    return requests.get(url + "/server_info", timeout=30).json()["internal_states"][0]
+
+
+def counter_totals(minima: dict) -> dict[str, int]:
+    """The cumulative ``COUNTERS`` of a server's /server_info ``minima`` state."""
+    return {k: f(minima["stats"]) for k, f in COUNTERS.items()}
+
+
 def model_geometry(model_dir: Path) -> dict:
     """The tiered KV's geometry: a hybrid model (Qwen3.6's) keeps KV in its full-attention layers only."""
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -300,9 +310,9 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
     before = None
     try:
         warm_up(server.url, args)
-        minima = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0].get("minima")
+        minima = server_state(server.url).get("minima")
         if minima:  # the rounds' counters start after the warm-up
-            before = {k: f(minima["stats"]) for k, f in COUNTERS.items()}
+            before = counter_totals(minima)
         for clients, num_prompts in tqdm(rounds(args), desc=arm.name, leave=False):
             out_file = work / f"{arm.name}-c{clients}.jsonl"
             out_file.unlink(missing_ok=True)
@@ -318,11 +328,11 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 f.seek(log_start)
                 windows = decode_windows(f.read())
             rows, step_ms = decode_step(windows)
-            state = requests.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
+            state = server_state(server.url)
             minima = state.get("minima", {})
             counters = {}
             if minima:
-                now = {k: f(minima["stats"]) for k, f in COUNTERS.items()}
+                now = counter_totals(minima)
                 counters = {k: v - (before or {}).get(k, 0) for k, v in now.items()}
                 before = now
                 # the most decoded TQ3 (tiles, staging) alive at once so far: bounded, never a dense copy

@@ -43,9 +43,11 @@ WORK=${WORK:-/tmp/minima-suite/$phase}; rm -rf "$WORK"; mkdir -p "$WORK"  # WORK
 t0=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$WORK/gpu.txt"
 has() { [[ ",${PARTS:-e2e,unit,kernels,sidestream,fp8warm}," == *",$1,"* ]]; }
-warm_smollm2() {  # SmolLM2's serving kernels, before its servers start (each would build them); args: more flags
-  timeout -s INT 240 python3 scripts/device/warm_kernels.py --serving --geometries 9/3/64/64 "$@" > "$WORK/warm.log" 2>&1
+warm_serving() {  # args: seconds, then warm_kernels.py --serving's flags: a model's serving kernels, before its
+  # servers start (each would build them)
+  timeout -s INT "$1" python3 scripts/device/warm_kernels.py --serving "${@:2}" > "$WORK/warm.log" 2>&1
 }
+warm_smollm2() { warm_serving 240 --geometries 9/3/64/64 "$@"; }  # args: more flags
 arms_side_by_side() {  # args: script, log prefix, first port, then its flags for every arm: one process and
   # server per arm of $arms, side by side on the GPU, each under $left seconds; then $ref, the report's reference
   local script=$1 prefix=$2 port=$3 i=0 arm; shift 3
@@ -126,8 +128,7 @@ capacity)
   # the kernels first, in this phase's environment: on 2026-12-05 a warm-up run beside the phase, without
   # env.sh, found no flashinfer, and the servers built their kernels inside the measured time
   if [ "${CAP_WARM:-}" != none ]; then
-    timeout -s INT 260 python3 scripts/device/warm_kernels.py --serving ${CAP_WARM:---geometries 32/8/128/64 --key-bits 4} \
-      > "$WORK/warm.log" 2>&1; tail -1 "$WORK/warm.log"
+    warm_serving 260 ${CAP_WARM:---geometries 32/8/128/64 --key-bits 4}; tail -1 "$WORK/warm.log"
   fi
   left=$((budget - (SECONDS - t0))); [ "$left" -ge 60 ] || left=60
   # every arm's server log lands in logs.tar.gz (SGLang's decode lines: the decode step at full batch)

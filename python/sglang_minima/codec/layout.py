@@ -254,6 +254,15 @@ class TQ3PageLayout:
         return value_meta_fields(self.value_code)
 
     @property
+    def kernel_unread(self) -> list[str]:
+        """This layout's options the GPU kernels neither read nor write, each with its flag (empty: they
+        serve it): where the decode backend refuses the pool and the store converts on the torch codec."""
+        return [what for what, on in (
+            ("page-centered keys (--minima-key-center)", self.key_center),
+            (f"{self.value_code} values (--minima-value-code {self.value_code})", self.value_code != UNIFORM_VALUES),
+        ) if on]
+
+    @property
     def k_mean_offset(self) -> int:
         """The page's mean keys per head, fp16 [H, D] (``key_center`` only)."""
         if not self.key_center:

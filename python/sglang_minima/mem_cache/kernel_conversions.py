@@ -18,7 +18,6 @@ import logging
 
 import torch
 
-from sglang_minima.codec.layout import UNIFORM_VALUES
 from sglang_minima.codec.rotation import is_power_of_two
 
 logger = logging.getLogger(__name__)
@@ -82,9 +81,7 @@ def kernel_conversions(store) -> KernelConversions | None:
     s = store.shape
     if store.device.type != "cuda":
         return None
-    unread = [what for what, on in (("page-centered keys", s.key_center),
-                                    (f"{s.value_code} values", s.value_code != UNIFORM_VALUES)) if on]
-    if unread:
+    if unread := s.layout.kernel_unread:
         logger.info("Minima: conversions on the torch codec (the kernels do not write %s)", " or ".join(unread))
         return None
     if not store.is_fp8 or not is_power_of_two(s.head_dim):

@@ -41,7 +41,6 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-from sglang_minima.codec.layout import UNIFORM_VALUES
 from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
 from sglang_minima.layers.attention.minima_native_backend import BatchedDecode, MinimaNativeAttnBackend, check_layer
 from sglang_minima.layers.attention.plan import BatchRoute, ExtendPlan, plan_batch
@@ -71,15 +70,9 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             raise ValueError(
                 "--attention-backend minima reads FP8 hot pages; with --minima-hot-dtype auto use minima_native"
             )
-        if pool.layout.key_center:
+        if unread := pool.layout.kernel_unread:
             raise ValueError(
-                "--attention-backend minima: the kernels do not read page-centered keys; with --minima-key-center "
-                "use minima_native"
-            )
-        if pool.layout.value_code != UNIFORM_VALUES:
-            raise ValueError(
-                f"--attention-backend minima: the kernels read uniform value codes; with --minima-value-code "
-                f"{pool.layout.value_code} use minima_native"
+                f"--attention-backend minima: the kernels do not read {' or '.join(unread)}; use minima_native"
             )
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._wrapper = None  # built at the first decode layer: its head counts, dtype and scale are the layer's
