@@ -31,6 +31,8 @@ Arms (``--arms``):
   minima-lmv         minima-default with ``--minima-value-code lloyd-max`` (Stale values coded as 3-bit keys
                      are, one fp16 scale: 16 bits per value element per token fewer); the torch path serves
                      it, so on CUDA pair it with minima-native.
+  minima-v4          minima-default with ``--minima-value-bits 4`` (Stale values on a 16-level grid: 1 bit more
+                     per value element); the torch path serves it, so on CUDA pair it with minima-native.
   minima-native      minima-default on the torch path (``--attention-backend minima_native``).
   minima             Minima (Recent 4 pages, 1 sink page) with 3-bit Stale keys (``--minima-key-bits 3``, the
                      launcher's default until 2026-12-03: every arm below but minima-k4 pins it, so that
@@ -104,13 +106,13 @@ class ArmSpec:
         return self.module == "sglang_minima.launch_server"
 
     def tq3_layout(self, heads: int, page_size: int, dim: int, extra_flags: Sequence[str] = ()):
-        """The TQ3 page layout this arm's server runs (key width, page-centered keys, value code), ``extra_flags``
+        """The TQ3 page layout this arm's server runs (code widths, page-centered keys, value code), ``extra_flags``
         (``--server-args``) after its own as the launcher reads them (the last value of a flag wins)."""
-        from sglang_minima.codec.layout import TQ3PageLayout
         from sglang_minima.config import parse_minima_argv, split_minima_argv
+        from sglang_minima.mem_cache.tier_store import config_layout
 
         config = parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0])
-        return TQ3PageLayout(heads, page_size, dim, config.key_bits, config.key_center, config.value_code)
+        return config_layout(config, heads, page_size, dim)
 
     @property
     def converts(self) -> bool:
@@ -143,6 +145,7 @@ ARMS: dict[str, ArmSpec] = {
         # the defaults with lloyd-max value codes (served by the torch path: minima_native on CUDA too),
         # and the defaults on that path, its pair on CUDA
         ArmSpec("minima-lmv", "sglang_minima.launch_server", ("--minima-value-code", "lloyd-max")),
+        ArmSpec("minima-v4", "sglang_minima.launch_server", ("--minima-value-bits", "4")),
         ArmSpec("minima-native", "sglang_minima.launch_server", ("--attention-backend", "minima_native")),
     )
 } | {

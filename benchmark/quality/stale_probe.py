@@ -14,7 +14,9 @@ Modes (``--modes``), each ``<kv>@<chunk>``: kv is ``fp8`` (every page FP8), ``tq
 pages TQ3, K and V), ``tq3k`` (Stale keys TQ3, values FP8), ``tq3v`` (Stale values TQ3, keys FP8),
 ``defer`` (Minima, but a request's pages are converted only once its prefill has ended), ``k4``
 (Stale keys with 4-bit rotated codes, values TQ3: +1 bit on the keys, the serving default), ``k4k``
-(4-bit Stale keys, values FP8: what k4's 3-bit values cost), ``k4lmv`` (4-bit Stale keys, values coded
+(4-bit Stale keys, values FP8: what k4's 3-bit values cost), ``k4v4`` (4-bit Stale keys, values on
+TQ3's per-token min/max grid with 16 levels instead of 8: +1 bit on the values; emulated here only),
+``k4lmv`` (4-bit Stale keys, values coded
 as the codec benchmark's ``tq3-lmv``: rotated, 3-bit Lloyd-Max codes of the normalized vector and one
 fp16 least-squares scale per token, 3 + 16/d bits against TQ3's 3 + 32/d; emulated here only);
 chunk is the prefill chunk size in tokens, or ``all`` for one chunk. Modifiers after the kv mode, each
@@ -60,21 +62,23 @@ from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize  # noqa: E402
 from sglang_minima.codec.layout import TQ3PageLayout  # noqa: E402
 from sglang_minima.codec.rotation import LayerRotation  # noqa: E402
 from sglang_minima.codec.tq3 import (  # noqa: E402
-    decode_pages, encode_pages, page_mean_keys, quantize_keys, to_original_space,
+    decode_pages, dequantize_values, encode_pages, page_mean_keys, quantize_keys, quantize_values, to_original_space,
 )
 from sglang_minima.models import default_model_dir  # noqa: E402
 from sglang_minima.layers.attention.page_mass import key_mass  # noqa: E402
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention  # noqa: E402
 
-KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4", "k4k", "k4lmv")
-KEY_BITS = {"k4": 4, "k4k": 4, "k4lmv": 4}
+KV_MODES = ("fp8", "tq3", "tq3k", "tq3v", "defer", "k4", "k4k", "k4v4", "k4lmv")
+KEY_BITS = {"k4": 4, "k4k": 4, "k4v4": 4, "k4lmv": 4}
 """Modes whose Stale keys take more bits than TQ3's 3: the same rotation, per-token norm correction
 and Lloyd-Max codebook for the sphere, with 2**bits levels."""
 STALE_KEYS = ("tq3", "tq3k", "defer", *KEY_BITS)
 """Modes that read a Stale page's keys through a compressed code (the rest read its FP8 keys)."""
-STALE_VALUES = ("tq3", "tq3v", "defer", "k4", "k4lmv")
-"""Modes that read a Stale page's values through a compressed code: TQ3's, or ``k4lmv``'s."""
+STALE_VALUES = ("tq3", "tq3v", "defer", "k4", "k4v4", "k4lmv")
+"""Modes that read a Stale page's values through a compressed code: TQ3's, ``k4v4``'s or ``k4lmv``'s."""
+VALUE_BITS = {"k4v4": 4}
+"""Modes whose Stale values take more bits than TQ3's 3: the same per-token min/max grid, 2**bits levels."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,8 @@ class MinimaEmulation:
                 k_rot = self._finer_keys(rot.rotate(fp8_dequantize(kp), head_axis=-3), KEY_BITS[self.state.kv_mode])
             if self.state.kv_mode == "k4lmv":
                 v_rot = self._lloyd_max_values(rot.rotate(fp8_dequantize(vp), head_axis=-3))
+            elif self.state.kv_mode in VALUE_BITS:
+                v_rot = self._wider_values(rot.rotate(fp8_dequantize(vp), head_axis=-3), VALUE_BITS[self.state.kv_mode])
             hit = (to_original_space(k_rot, rot)[0].permute(1, 0, 2), to_original_space(v_rot, rot)[0].permute(1, 0, 2),
                    enc[0])
             self.state.tq3_cache[key] = hit
@@ -216,6 +222,12 @@ class MinimaEmulation:
         from the page's mean key per head (fp16), the mean added back: what ``+center`` stores."""
         mean = page_mean_keys(k_rot).to(torch.float32).unsqueeze(-2)  # the codec's (key_center layouts)
         return self._finer_keys(k_rot - mean, bits) + mean
+
+    @staticmethod
+    def _wider_values(v_rot: torch.Tensor, bits: int) -> torch.Tensor:
+        """Rotated values through the codec's value recipe (per-token min/max grid, fp16 scale and
+        zero) with ``bits``-bit codes instead of 3."""
+        return dequantize_values(*quantize_values(v_rot, bits), bits)
 
     def _lloyd_max_values(self, v_rot: torch.Tensor) -> torch.Tensor:
         """Rotated values through the codec benchmark's ``tq3-lmv`` code: 3-bit Lloyd-Max codes of the

@@ -17,8 +17,9 @@ CONFIG_ENV = "SGLANG_MINIMA_CONFIG"
 FLAG_PREFIX = "--minima-"
 
 HOT_DTYPES = ("fp8_e4m3", "auto")
-KEY_BITS = (3, 4)
-"""Key code widths of Stale pages (codec.layout.KEY_BITS_CHOICES; this module imports no torch)."""
+CODE_BITS = (3, 4)
+"""Key and value code widths of Stale pages (codec.layout.KEY_BITS_CHOICES / VALUE_BITS_CHOICES; this
+module imports no torch)."""
 VALUE_CODES = ("uniform", "lloyd-max")
 """What a Stale page's value code means (codec.layout.VALUE_CODES)."""
 MAX_PAGES = 2**31 - 1
@@ -88,7 +89,7 @@ class MinimaConfig:
     key_bits: int = _option(
         4,
         "Bits per key code of Stale (TQ3) pages: 4 (a 16-level codebook) or 3 (8 levels: 1 bit less per key "
-        "element, more tokens per byte, a larger loss in retrieval); values are 3-bit either way.",
+        "element, more tokens per byte, a larger loss in retrieval).",
     )
     key_center: bool = _option(
         False,
@@ -98,10 +99,16 @@ class MinimaConfig:
     )
     value_code: str = _option(
         "uniform",
-        "What the 3-bit value codes of Stale (TQ3) pages mean: uniform (a per-token min/max grid, fp16 scale "
-        "and zero) or lloyd-max (the rotated value coded as 3-bit keys are, one fp16 least-squares scale: 16 "
+        "What the value codes of Stale (TQ3) pages mean: uniform (a per-token min/max grid, fp16 scale "
+        "and zero) or lloyd-max (the rotated value coded as keys are, one fp16 least-squares scale: 16 "
         "bits per value element per token fewer; docs/TQ3P.md). lloyd-max is served by the torch path "
         "(minima_native); the GPU kernels do not read it yet.",
+    )
+    value_bits: int = _option(
+        3,
+        "Bits per value code of Stale (TQ3) pages: 3 (8 levels) or 4 (16 levels: 1 bit more per value element, "
+        "0.22 of the uniform grid's squared error). 4 is served by the torch path (minima_native); "
+        "the GPU kernels do not read it yet.",
     )
 
     def __post_init__(self) -> None:
@@ -134,10 +141,10 @@ class MinimaConfig:
                              "Anchor budget: give one")
         if self.value_code not in VALUE_CODES:
             raise ValueError(f"{flag_name('value_code')} must be one of {VALUE_CODES}, got {self.value_code!r}")
-        if type(self.key_bits) is not int or self.key_bits not in KEY_BITS:
-            raise ValueError(
-                f"{flag_name('key_bits')} must be one of {', '.join(map(str, KEY_BITS))}, got {self.key_bits!r}"
-            )
+        for name in ("key_bits", "value_bits"):
+            value = getattr(self, name)
+            if type(value) is not int or value not in CODE_BITS:
+                raise ValueError(f"{flag_name(name)} must be one of {', '.join(map(str, CODE_BITS))}, got {value!r}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -180,7 +187,7 @@ def add_minima_cli_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(negated_flag_name(f.name), dest=dest, action="store_false", help=argparse.SUPPRESS)
         else:
             py_type = {"int": int, "float": float, "str": str}[str(f.type)]
-            choices = {"hot_dtype": HOT_DTYPES, "key_bits": KEY_BITS, "value_code": VALUE_CODES}.get(f.name)
+            choices = {"hot_dtype": HOT_DTYPES, "key_bits": CODE_BITS, "value_bits": CODE_BITS, "value_code": VALUE_CODES}.get(f.name)
             group.add_argument(
                 flag_name(f.name), dest=dest, type=py_type, default=f.default, choices=choices,
                 help=f"{doc} (default: {f.default})",

@@ -190,6 +190,8 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append("--minima-key-center (the kernels do not read page-centered keys)")
     if config.value_code != "uniform":
         limits.append(f"--minima-value-code {config.value_code} (the kernels read uniform value codes)")
+    if config.value_bits != 3:
+        limits.append(f"--minima-value-bits {config.value_bits} (the kernels read 3-bit value codes)")
     return limits
 
 

@@ -200,8 +200,8 @@ def test_key_pair_fields_are_the_pair_bytes(page_size, head_dim, blocks, seed):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="4-bit codes must be < 16, got max 16"):
         pack_codes(torch.full((16, 64), 16, dtype=torch.uint8), KEY, bits=4)
-    with pytest.raises(ValueError, match="value codes are 3 bits wide"):
-        pack_codes(torch.zeros(16, 64, dtype=torch.uint8), VALUE, bits=4)
+    with pytest.raises(ValueError, match="TQ3 value codes are 3 or 4 bits wide, got value_bits=5"):
+        pack_codes(torch.zeros(16, 64, dtype=torch.uint8), VALUE, bits=5)
     with pytest.raises(ValueError, match=r"\(4-bit codes\) pack into 512 bytes, got last dim 384"):
         unpack_codes(torch.zeros(384, dtype=torch.uint8), KEY, 16, 64, bits=4)
     with pytest.raises(ValueError, match="need 128 words of 4-bit keys, got 96"):
@@ -303,6 +303,27 @@ def test_emulated_lloyd_max_values_are_the_codec_benchmarks_tq3_lmv(d):
     tq3 = to_original_space(decode_pages(encode_pages(pages, pages, lay, rot, book), lay, book)[1], rot)
     rel = lambda x: float(((x - v) ** 2).sum() / (v**2).sum())  # noqa: E731
     assert rel(got) < 0.95 * rel(tq3[0].permute(1, 0, 2)), (rel(got), rel(tq3[0].permute(1, 0, 2)))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_emulated_4bit_values_are_the_value_grid_with_16_levels(d):
+    """stale_probe's ``k4v4`` values: TQ3's per-token min/max grid with 16 levels, so every value lies
+    within half a step of its token's 4-bit grid, the fp16 scale is (max - min) / 15, and the error
+    falls to (7/15)^2 of the 3-bit grid's through real pages (the step is 7/15 of its step)."""
+    _, v = _kv(1, 3, 256, d, seed=7 * d)
+    rot = LayerRotation(3, d, 2)
+    v_rot = rot.rotate(v, head_axis=-3)[0]  # [heads, tokens, d]
+    got = MinimaEmulation._wider_values(v_rot, 4)
+    lo, hi = v_rot.amin(-1, keepdim=True), v_rot.amax(-1, keepdim=True)
+    step = ((hi - lo) / 15).to(torch.float16).float()
+    assert bool(((got - v_rot).abs() <= step / 2 + 1e-3 * step + 1e-6).all())
+    levels = (got - lo.to(torch.float16).float()) / step
+    assert float((levels - levels.round()).abs().max()) < 1e-3  # on the grid
+    assert int(levels.round().max()) == 15 and int(levels.round().min()) == 0
+    lay, book = TQ3PageLayout(3, 256, d), tq3_codebook(d)
+    tq3 = decode_pages(encode_pages(v, v, lay, rot, book), lay, book)[1][0]  # rotated, [heads, tokens, d]
+    rel = lambda x: float(((x - v_rot) ** 2).sum() / (v_rot**2).sum())  # noqa: E731
+    assert 0.19 < rel(got) / rel(tq3) < 0.25, (rel(got), rel(tq3))  # (7/15)^2 = 0.218: the step ratio squared
 
 
 @pytest.mark.parametrize("bits", [3, 4])

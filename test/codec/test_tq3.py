@@ -352,12 +352,13 @@ def test_lloyd_max_values_err_less_than_uniform(d):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("key_center,value_code", [(False, "uniform"), (True, "uniform"), (False, "lloyd-max")],
-                         ids=["plain", "key_center", "lloyd_max"])
-def test_gpu_bytes_match_cpu(d, key_center, value_code):
+@pytest.mark.parametrize("key_center,value_code,value_bits",
+                         [(False, "uniform", 3), (True, "uniform", 3), (False, "lloyd-max", 3), (False, "uniform", 4)],
+                         ids=["plain", "key_center", "lloyd_max", "value_bits4"])
+def test_gpu_bytes_match_cpu(d, key_center, value_code, value_bits):
     _, rot, cb = _setup(d)
     # the mean's and the least-squares scale's fixed-order sums: the same bits too
-    layout = TQ3PageLayout(H, P, d, key_center=key_center, value_code=value_code)
+    layout = TQ3PageLayout(H, P, d, key_center=key_center, value_code=value_code, value_bits=value_bits)
     k, v = _kv(256, d, seed=4, dtype=torch.bfloat16)
     gpu_rot = LayerRotation(H, d, layer_id=1, device="cuda")
     cpu = encode_pages(k, v, layout, rot, cb)

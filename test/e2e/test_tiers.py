@@ -61,14 +61,18 @@ def test_prefix_hits_on_tq3_pages(default_server):
     assert hits <= pool["peak_tq3_pages_held"] <= pool["tq3_pages"]
 
 
-@pytest.mark.parametrize("flags,key_center,value_code,delta", [
-    (["--minima-key-center"], True, "uniform", +1),  # the mean key: H x D fp16 more a page
-    (["--minima-value-code", "lloyd-max"], False, "lloyd-max", -1),  # no zero point: H x P fp16 fewer
-], ids=["key_center", "lloyd_max_values"])
-def test_layout_options_serve_on_the_torch_path(tmp_path, flags, key_center, value_code, delta):
-    """``--minima-key-center`` / ``--minima-value-code lloyd-max``: TQ3 pages carry the option's fields
-    (the pool's page bytes say so), later prefill chunks and the decode read them, and the programs
-    answer with no fallback."""
+@pytest.mark.parametrize("flags,option,delta", [
+    # the mean key: H x D fp16 more a page
+    (["--minima-key-center"], {"key_center": True}, lambda h, p, d: h * d * 2),
+    # no zero point: H x P fp16 fewer
+    (["--minima-value-code", "lloyd-max"], {"value_code": "lloyd-max"}, lambda h, p, d: -h * p * 2),
+    # one more bit a value element: H x P x D / 8 bytes more
+    (["--minima-value-bits", "4"], {"value_bits": 4}, lambda h, p, d: h * p * d // 8),
+], ids=["key_center", "lloyd_max_values", "4bit_values"])
+def test_layout_options_serve_on_the_torch_path(tmp_path, flags, option, delta):
+    """``--minima-key-center`` / ``--minima-value-code lloyd-max`` / ``--minima-value-bits 4``: TQ3
+    pages carry the option's fields (the pool's page bytes say so), later prefill chunks and the
+    decode read them, and the programs answer with no fallback."""
     from minima_test_support.server import launch
 
     from sglang_minima.codec.layout import TQ3PageLayout
@@ -76,12 +80,12 @@ def test_layout_options_serve_on_the_torch_path(tmp_path, flags, key_center, val
     server = launch([*flags, "--chunked-prefill-size", "128"], tmp_path / "layout.log")
     try:
         pool = _minima(server.url)["pool"]
-        assert pool["tq3_key_center"] is key_center and pool["tq3_value_code"] == value_code
-        assert pool["tq3_key_bits"] == 4
         h, p, d = pool["num_kv_heads"], pool["page_size"], pool["head_dim"]
-        layout = TQ3PageLayout(h, p, d, 4, key_center=key_center, value_code=value_code)
+        layout = TQ3PageLayout(h, p, d, 4, **option)
+        assert (pool["tq3_key_bits"], pool["tq3_key_center"], pool["tq3_value_code"], pool["tq3_value_bits"]) == (
+            4, layout.key_center, layout.value_code, layout.value_bits)
         assert pool["tq3_page_bytes_per_layer"] == layout.page_bytes
-        assert layout.page_bytes - TQ3PageLayout(h, p, d, 4).page_bytes == delta * h * (d if key_center else p) * 2
+        assert layout.page_bytes - TQ3PageLayout(h, p, d, 4).page_bytes == delta(h, p, d)
         out = subprocess.run([sys.executable, "-c", SEQUENTIAL_PROGRAM, server.url],
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]

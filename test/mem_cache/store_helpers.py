@@ -46,6 +46,7 @@ class HeldConversionStream(ConversionStream):
 def make_store(
     num_logical: int = 16, num_hot: int = 6, *, fp8: bool = True, stream: ConversionStream | None = None,
     debug_poison: bool | None = None, key_bits: int = 3, key_center: bool = False, value_code: str = "uniform",
+    value_bits: int = 3,
 ) -> TieredPageStore:
     shape = StoreShape(
         num_logical_pages=num_logical,
@@ -58,6 +59,7 @@ def make_store(
         key_bits=key_bits,
         key_center=key_center,
         value_code=value_code,
+        value_bits=value_bits,
     )
     return TieredPageStore(shape, conversion_stream=stream, debug_poison=debug_poison)
 

@@ -115,22 +115,26 @@ def test_cell_size_is_the_blended_bytes_per_token(monkeypatch, key_bits):
     assert cell_size_hook(sglang_cell, None, kvc, 30) == cell
 
 
-@pytest.mark.parametrize("key_bits,key_center,value_code",
-                         [(3, False, "uniform"), (4, False, "uniform"), (4, True, "uniform"), (4, False, "lloyd-max")])
-def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch, key_bits, key_center, value_code):
-    config = MinimaConfig(fp8_page_fraction=0.25, key_bits=key_bits, key_center=key_center, value_code=value_code)
+@pytest.mark.parametrize("key_bits,key_center,value_code,value_bits", [
+    (3, False, "uniform", 3), (4, False, "uniform", 3), (4, True, "uniform", 3), (4, False, "lloyd-max", 3),
+    (4, False, "uniform", 4),
+])
+def test_pool_allocates_the_bytes_the_cell_size_promised(monkeypatch, key_bits, key_center, value_code, value_bits):
+    config = MinimaConfig(fp8_page_fraction=0.25, key_bits=key_bits, key_center=key_center, value_code=value_code,
+                          value_bits=value_bits)
     _select(monkeypatch, config)
     pages, layers = 64, 3
     pool = MinimaKVPool(pages * 64, page_size=64, dtype=torch.bfloat16, head_num=3, head_dim=64, layer_num=layers,
                         device="cpu", enable_memory_saver=False)
     assert pool.layout.key_bits == key_bits and pool.codebook.levels == 1 << key_bits
-    tq3_page = TQ3PageLayout(3, 64, 64, key_bits, key_center, value_code).page_bytes
+    tq3_page = TQ3PageLayout(3, 64, 64, key_bits, key_center, value_code, value_bits).page_bytes
     assert pool.tq3_buffer(0).shape[1] == tq3_page and pool.layout.key_center == key_center
-    assert pool.layout.value_code == value_code
+    assert (pool.layout.value_code, pool.layout.value_bits) == (value_code, value_bits)
     # page-centered keys: 3 heads x 64 dims of fp16 more per page, on the K side; lloyd-max values: 3
-    # heads x 64 tokens of fp16 fewer (no zero point)
+    # heads x 64 tokens of fp16 fewer (no zero point); 4-bit values: 3 heads x 64 tokens x 64 dims / 8
     assert tq3_page - TQ3PageLayout(3, 64, 64, key_bits).page_bytes == (
-        (3 * 64 * 2 if key_center else 0) - (3 * 64 * 2 if value_code == "lloyd-max" else 0))
+        (3 * 64 * 2 if key_center else 0) - (3 * 64 * 2 if value_code == "lloyd-max" else 0)
+        + (3 * 64 * 64 // 8 if value_bits == 4 else 0))
     cell = minima_cell_size(config, num_kv_heads=3, head_dim=64, num_layers=layers, page_size=64, model_dtype_bytes=2)
     padding = 64 * (2 * 3 * 64 + tq3_page / 64) * layers  # one padding page each
     shortfall = cell * pages * 64 - (sum(pool.get_kv_size_bytes()) - padding)

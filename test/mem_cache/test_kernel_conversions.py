@@ -159,19 +159,22 @@ def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeyp
 
 
 def test_layout_options_convert_on_the_torch_codec(monkeypatch, caplog):
-    """The kernels write neither page-centered keys nor Lloyd-Max values: where they would serve the
-    same store without them (kernels importable), a store with either converts through the codec,
-    and the log says which."""
+    """The kernels write neither page-centered keys nor Lloyd-Max or 4-bit values: where they would
+    serve the same store without them (kernels importable), a store with any of them converts through
+    the codec, and the log says which."""
     monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
-    for center, code in ((False, "uniform"), (True, "uniform"), (False, "lloyd-max"), (True, "lloyd-max")):
+    for center, code, bits in ((False, "uniform", 3), (True, "uniform", 3), (False, "lloyd-max", 3),
+                               (True, "lloyd-max", 3), (False, "uniform", 4)):
         shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
-                           head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4, key_center=center, value_code=code)
+                           head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4, key_center=center, value_code=code,
+                           value_bits=bits)
         cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
         caplog.clear()
         with caplog.at_level("INFO", logger=kernel_conversions.logger.name):
-            assert (kernel_conversions.kernel_conversions(cuda_like) is None) == (center or code != "uniform")
+            assert (kernel_conversions.kernel_conversions(cuda_like) is None) == (center or code != "uniform" or bits == 4)
         said = caplog.text
         assert ("page-centered keys" in said) == center and ("lloyd-max values" in said) == (code != "uniform")
+        assert ("4-bit values (--minima-value-bits 4)" in said) == (bits == 4)
 
 
 def test_four_bit_keys_take_the_kernels_of_their_width(monkeypatch):

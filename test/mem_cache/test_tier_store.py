@@ -6,7 +6,7 @@ import torch
 import sglang_minima.mem_cache.tier_store as tier_store
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
-from store_helpers import PS, make_store, random_kv, read_page, rel_err, write_tokens
+from store_helpers import DIM, HEADS, PS, make_store, random_kv, read_page, rel_err, write_tokens
 
 
 def _filled(store, pages, seed=0):
@@ -79,6 +79,18 @@ def test_lloyd_max_values_convert_and_promote_through_the_codec():
     (_, v_uniform), (_, v_lloyd) = _convert_and_promote(uniform), _convert_and_promote(lloyd)
     # at head_dim 64 the squared error is about 0.87 of the uniform code's (test_tq3), the norm 0.93
     assert v_lloyd < 0.96 * v_uniform, (v_lloyd, v_uniform)
+
+
+def test_4bit_values_convert_and_promote_through_the_codec():
+    """``--minima-value-bits 4``: the store's TQ3 pages hold D/8 bytes a token and head more, and the
+    values read back closer to what the FP8 pages held (the grid's step 7/15 of the 3-bit one's)."""
+    three, four = make_store(key_bits=4), make_store(key_bits=4, value_bits=4)
+    assert four.layout.value_bits == 4
+    assert four.layout.page_bytes - three.layout.page_bytes == HEADS * PS * DIM // 8
+    (k3, v3), (k4, v4) = _convert_and_promote(three), _convert_and_promote(four)
+    assert k4 == k3  # the same key codes
+    # relative error norms: sqrt(0.22) = 0.47 of the 3-bit grid's on Gaussian values, before FP8's own error
+    assert v4 < 0.6 * v3, (v4, v3)
 
 
 def test_only_sealed_hot_pages_are_converted():

@@ -30,7 +30,7 @@ K_SCALE, V_SCALE = 0.5, 0.25
 
 
 def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype=torch.uint8, layer=0, key_bits=3,
-          key_center=False, key_offset=0.0, value_code="uniform"):
+          key_center=False, key_offset=0.0, value_code="uniform", value_bits=3):
     """One layer's page table and hot + TQ3 buffers: request i on its own logical pages (in a shuffled
     physical order), each full page TQ3 with probability ``stale``; the partial last page stays hot.
     ``key_offset``: every key of a page also carries one random vector of that scale per head."""
@@ -41,7 +41,8 @@ def _pool(kv_lens, stale, seed, page_size=16, kv_heads=2, head_dim=64, hot_dtype
     fmt = torch.zeros(total + 1, dtype=torch.int8)
     phys = torch.zeros(total + 1, dtype=torch.int32)
     req_to_token = torch.zeros(len(kv_lens), max(pages) * ps, dtype=torch.int32)
-    layout, codebook = TQ3PageLayout(h, ps, d, key_bits, key_center, value_code), key_codebook(d, key_bits)
+    layout = TQ3PageLayout(h, ps, d, key_bits, key_center, value_code, value_bits)
+    codebook = key_codebook(d, key_bits)
     rotation = LayerRotation(h, d, layer, seed=3)
     fp8 = hot_dtype == torch.uint8
     hot_k = torch.zeros((total + 1) * ps, h, d, dtype=hot_dtype)
@@ -123,7 +124,7 @@ def test_four_bit_keys_match_the_reference_batched_decode(kv_lens, stale, tile_p
     _close(got, want)
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=24, deadline=None)
 @given(
     kv_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
     stale=st.sampled_from([0.5, 1.0]),
@@ -131,17 +132,19 @@ def test_four_bit_keys_match_the_reference_batched_decode(kv_lens, stale, tile_p
     key_bits=st.sampled_from([3, 4]),
     key_center=st.booleans(),
     value_code=st.sampled_from(["uniform", "lloyd-max"]),
+    value_bits=st.sampled_from([3, 4]),
     seed=st.integers(0, 10_000),
 )
 def test_layout_options_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, key_center,
-                                                           value_code, seed):
+                                                           value_code, value_bits, seed):
     """Page-centered keys (``key_center``): the page's mean key enters the scores as one q . mean per
     page and head, as the codec decodes it; keys share a large offset per page (post-RoPE keys do).
     ``lloyd-max`` values: the weights times each token's scale against the codes' centroids, no zero
-    term. The reference decodes the pages with the codec."""
+    term. 4-bit values: their codes one pair per byte, the same decode. The reference decodes the
+    pages with the codec."""
     pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=key_center,
-                 key_offset=6.0 if key_center else 0.0, value_code=value_code)
-    assert pool[4].key_center == key_center and pool[4].value_code == value_code
+                 key_offset=6.0 if key_center else 0.0, value_code=value_code, value_bits=value_bits)
+    assert (pool[4].key_center, pool[4].value_code, pool[4].value_bits) == (key_center, value_code, value_bits)
     q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
     want, got = _both(*pool, q, tile_pages)
     _close(got, want)

@@ -100,12 +100,22 @@ def test_key_bits_flag():
             MinimaConfig(key_bits=bad)
 
 
+def test_value_bits_flag():
+    assert MinimaConfig().value_bits == 3  # 4-bit values stay an option until their measurement says otherwise
+    assert parse_minima_argv(["--minima-value-bits", "4"]).value_bits == 4
+    with pytest.raises(SystemExit):  # argparse's choices
+        parse_minima_argv(["--minima-value-bits", "8"])
+    for bad in (2, 4.0, False):  # the environment's JSON path: the same check, naming the flag
+        with pytest.raises(ValueError, match=r"--minima-value-bits must be one of 3, 4, got"):
+            MinimaConfig(value_bits=bad)
+
+
 def test_value_code_flag():
-    from sglang_minima.codec.layout import KEY_BITS_CHOICES, VALUE_CODES as LAYOUT_VALUE_CODES
-    from sglang_minima.config import KEY_BITS, VALUE_CODES
+    from sglang_minima.codec.layout import KEY_BITS_CHOICES, VALUE_BITS_CHOICES, VALUE_CODES as LAYOUT_VALUE_CODES
+    from sglang_minima.config import CODE_BITS, VALUE_CODES
 
     # the config's copies of the layout's choices (it imports no torch): the same, in the same order
-    assert VALUE_CODES == LAYOUT_VALUE_CODES and KEY_BITS == KEY_BITS_CHOICES
+    assert VALUE_CODES == LAYOUT_VALUE_CODES and CODE_BITS == KEY_BITS_CHOICES == VALUE_BITS_CHOICES
     assert MinimaConfig().value_code == "uniform"
     assert parse_minima_argv(["--minima-value-code", "lloyd-max"]).value_code == "lloyd-max"
     with pytest.raises(SystemExit):  # argparse's choices: the flag and its choices in the message

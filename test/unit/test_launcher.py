@@ -53,7 +53,8 @@ def test_4bit_keys_on_gpu_serve_the_kernels(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"],
                                          ["--minima-anchor-window", "64", "--minima-anchor-pages", "4"],
-                                         ["--minima-key-center"], ["--minima-value-code", "lloyd-max"]])
+                                         ["--minima-key-center"], ["--minima-value-code", "lloyd-max"],
+                                         ["--minima-value-bits", "4"]])
 @pytest.mark.parametrize("backend_flag", ["--attention-backend", "--decode-attention-backend",
                                           "--prefill-attention-backend"])
 def test_gpu_flags_the_kernels_cannot_serve_select_the_torch_path(monkeypatch, tmp_path, minima_flags, backend_flag):

@@ -59,17 +59,21 @@ def fp8_bits(head_dim: int) -> BitsPerElement:
 
 
 def tq3_bits(
-    head_dim: int, key_bits: int = TQ3_BITS, centered_page_size: int | None = None, value_code: str = UNIFORM_VALUES
+    head_dim: int,
+    key_bits: int = TQ3_BITS,
+    centered_page_size: int | None = None,
+    value_code: str = UNIFORM_VALUES,
+    value_bits: int = TQ3_BITS,
 ) -> BitsPerElement:
-    """Keys key_bits + 16/d (3 or 4), values 3 + 32/d (``lloyd-max`` values: 3 + 16/d; metadata
-    included, page padding excluded); page-centered keys (``TQ3PageLayout.key_center``, pages of
+    """Keys key_bits + 16/d (3 or 4), values value_bits + 32/d (3 or 4; ``lloyd-max`` values: + 16/d;
+    metadata included, page padding excluded); page-centered keys (``TQ3PageLayout.key_center``, pages of
     ``centered_page_size`` tokens) add 16/page_size to the keys: one fp16 mean per page, head and
     dimension."""
     meta_bits = 8 * META_DTYPE_BYTES
     center = meta_bits / centered_page_size if centered_page_size else 0.0
     return BitsPerElement(
         key_bits + K_META_FIELDS * meta_bits / head_dim + center,
-        TQ3_BITS + value_meta_fields(value_code) * meta_bits / head_dim,
+        value_bits + value_meta_fields(value_code) * meta_bits / head_dim,
     )
 
 

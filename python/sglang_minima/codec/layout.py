@@ -2,22 +2,22 @@
 
 The torch codec, the TileLang kernels and the byte accounting all import these constants,
 ``TQ3PageLayout``, ``WORD_BITS``, ``pair_coords``, ``code_bit_index``, ``lane_word``, ``triple_codes`` and
-(4-bit keys) ``key4_bit_index``, ``key4_word``, ``key4_word_codes``;
+(4-bit codes) ``code4_bit_index``, ``key4_bit_index``, ``key4_word``, ``key4_word_codes``;
 docs/TQ3P.md describes the same layout in prose.
 
 One TQ3 page holds ``page_size`` tokens of one layer, all KV heads. It is one contiguous uint8 block:
 
     offset 0                       k_codes  [num_kv_heads] blocks of page_size*head_dim*key_bits/8 bytes
-    + kc                           v_codes  [num_kv_heads] blocks of page_size*head_dim*3/8 bytes
+    + kc                           v_codes  [num_kv_heads] blocks of page_size*head_dim*value_bits/8 bytes
     + kc + vc                      k_norm   fp16  [num_kv_heads, page_size]   key norm correction
     + kc + vc + meta               v_scale  fp16  [num_kv_heads, page_size]
     + kc + vc + 2*meta             v_zero   fp16  [num_kv_heads, page_size]   (``uniform`` values only)
     + kc + vc + (1 + vm)*meta      k_mean   fp16  [num_kv_heads, head_dim]    (``key_center`` only)
 
-(kc = H*P*D*key_bits/8, vc = H*P*D*3/8, meta = H*P*2, vm = 2 or 1 value fields.) Head-major, so one
-CTA working on one KV head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3, this
-class's default) or 4 (keys with a 16-level codebook: the server's default, ``--minima-key-bits``);
-values are always 3-bit. With ``key_center`` (page-centered keys, ``--minima-key-center``) the key
+(kc = H*P*D*key_bits/8, vc = H*P*D*value_bits/8, meta = H*P*2, vm = 2 or 1 value fields.) Head-major,
+so one CTA working on one KV head reads one contiguous run of codes per page. ``key_bits`` is 3 (TQ3,
+this class's default) or 4 (keys with a 16-level codebook: the server's default, ``--minima-key-bits``);
+``value_bits`` is 3 (the default) or 4 (values on a 16-level grid, ``--minima-value-bits``). With ``key_center`` (page-centered keys, ``--minima-key-center``) the key
 codes and norms are those of each rotated key minus its page's mean key per head, and ``k_mean`` holds
 that mean (rounded to fp16): 16 bits per key element per page, 0.25 per element at 64-token pages.
 
@@ -51,7 +51,9 @@ stream differs. A pair is one byte, low code in bits 0..3 and high code in bits 
 the index ``low | high << 4`` into a 256-entry table of fp16x2 centroid pairs; a lane stream is D/4
 bytes = D/16 little-endian uint32 words, word ``k`` holding pairs 4k .. 4k+3 (byte ``g`` = register
 ``g`` of block ``k``: one word is one block's whole A operand). A chunk is 32 lane streams of D/4
-bytes (8*D bytes), lane after lane; no triples, no spare bits (``key4_bit_index``).
+bytes (8*D bytes), lane after lane; no triples, no spare bits (``key4_bit_index``). 4-bit values
+(``value_bits=4``) are packed the same way in the values' MMA order: a byte is a value pair (tokens
+2t and 2t + 1 of one dim), low code the even token (``code4_bit_index``).
 
 LSE convention for every Minima attention op (torch and GPU): base 2, as FlashInfer returns it.
 """
@@ -62,8 +64,9 @@ from dataclasses import dataclass
 
 TQ3_BITS = 3
 NUM_CODES = 1 << TQ3_BITS
-KEY_BITS_CHOICES = (3, 4)  # key code widths a page may use (``TQ3PageLayout.key_bits``); values are TQ3_BITS
-PAIR_BITS_4 = 8  # 4-bit keys: one pair (low code, high code) per byte
+KEY_BITS_CHOICES = (3, 4)  # key code widths a page may use (``TQ3PageLayout.key_bits``)
+VALUE_BITS_CHOICES = (3, 4)  # value code widths (``TQ3PageLayout.value_bits``)
+PAIR_BITS_4 = 8  # 4-bit codes: one pair (low code, high code) per byte
 CHUNK_TOKENS = 16  # tokens per MMA tile (the M of the key GEMM, the K of the value GEMM)
 LANES = 32  # lane streams per chunk (one warp)
 PAIRS_PER_TRIPLE = 16  # code pairs (fp16x2 operands) per 96-bit triple
@@ -119,12 +122,12 @@ WORD_BITS = {
 @dataclass(frozen=True)
 class TQ3PageLayout:
     """Byte offsets of one TQ3P page for a given (num_kv_heads, page_size, head_dim, key_bits, key_center,
-    value_code).
+    value_code, value_bits).
 
-    ``key_bits`` is the key code width, 3 (TQ3) or 4; values are 3-bit either way. With 4-bit keys
+    ``key_bits`` / ``value_bits`` are the key / value code widths, 3 (TQ3) or 4. With a 4-bit side
     the key and value code blocks differ in size: ``k_code_bytes`` / ``v_code_bytes`` (and the
     per-head, per-token forms) name each; ``code_bytes``, ``head_code_bytes``, ``code_bytes_per_token``
-    and ``lane_words`` are the 3-bit block's, shared by keys and values only when ``key_bits == 3``."""
+    and ``lane_words`` are the 3-bit block's, shared by keys and values only when both are 3-bit."""
 
     num_kv_heads: int
     page_size: int
@@ -132,12 +135,17 @@ class TQ3PageLayout:
     key_bits: int = TQ3_BITS
     key_center: bool = False
     value_code: str = UNIFORM_VALUES
+    value_bits: int = TQ3_BITS
 
     def __post_init__(self) -> None:
         if self.value_code not in VALUE_CODES:
             raise ValueError(f"TQ3 value codes are {' or '.join(VALUE_CODES)}, got value_code={self.value_code!r}")
         if self.key_bits not in KEY_BITS_CHOICES:
             raise ValueError(f"TQ3 key codes are {' or '.join(map(str, KEY_BITS_CHOICES))} bits wide, got key_bits={self.key_bits}")
+        if self.value_bits not in VALUE_BITS_CHOICES:
+            raise ValueError(
+                f"TQ3 value codes are {' or '.join(map(str, VALUE_BITS_CHOICES))} bits wide, got value_bits={self.value_bits}"
+            )
         if not head_dim_fits(self.head_dim):
             raise ValueError(
                 f"TQ3 needs head_dim to be a positive multiple of {HEAD_DIM_MULTIPLE}, got {self.head_dim}"
@@ -150,34 +158,34 @@ class TQ3PageLayout:
             raise ValueError(f"TQ3 needs a positive num_kv_heads, got {self.num_kv_heads}")
 
     def _shared_3bit(self, name: str) -> None:
-        if self.key_bits != TQ3_BITS:
+        if self.key_bits != TQ3_BITS or self.value_bits != TQ3_BITS:
             raise ValueError(
-                f"TQ3PageLayout.{name} is the 3-bit code block's, which keys do not share with key_bits="
-                f"{self.key_bits}: use k_{name} / v_{name}"
+                f"TQ3PageLayout.{name} is the 3-bit code block's, which keys and values share only when both are "
+                f"3-bit (key_bits={self.key_bits}, value_bits={self.value_bits}): use k_{name} / v_{name}"
             )
 
     @property
     def code_bytes_per_token(self) -> int:
-        """Packed code bytes of one token of one head (K or V; 3-bit keys only)."""
+        """Packed code bytes of one token of one head (K or V; 3-bit codes only)."""
         self._shared_3bit("code_bytes_per_token")
         return self.v_code_bytes_per_token
 
     @property
     def lane_words(self) -> int:
         """uint32 words of one lane stream of one chunk (3*D/64: 3, 6, 12 for D = 64, 128, 256;
-        3-bit keys only)."""
+        3-bit codes only)."""
         self._shared_3bit("lane_words")
         return lane_words(self.head_dim)
 
     @property
     def head_code_bytes(self) -> int:
-        """Packed code bytes of one head of one page, K or V (3-bit keys only)."""
+        """Packed code bytes of one head of one page, K or V (3-bit codes only)."""
         self._shared_3bit("head_code_bytes")
         return self.v_head_code_bytes
 
     @property
     def code_bytes(self) -> int:
-        """Packed code bytes of one page, K or V (3-bit keys only)."""
+        """Packed code bytes of one page, K or V (3-bit codes only)."""
         self._shared_3bit("code_bytes")
         return self.v_code_bytes
 
@@ -188,8 +196,8 @@ class TQ3PageLayout:
 
     @property
     def v_code_bytes_per_token(self) -> int:
-        """Packed value code bytes of one token of one head: D*3/8."""
-        return self.head_dim * TQ3_BITS // 8
+        """Packed value code bytes of one token of one head: D*value_bits/8."""
+        return self.head_dim * self.value_bits // 8
 
     @property
     def k_lane_words(self) -> int:
@@ -198,8 +206,8 @@ class TQ3PageLayout:
 
     @property
     def v_lane_words(self) -> int:
-        """uint32 words of one value lane stream of one chunk (3*D/64)."""
-        return lane_words(self.head_dim)
+        """uint32 words of one value lane stream of one chunk (value_bits*D/64)."""
+        return lane_words(self.head_dim, self.value_bits)
 
     @property
     def k_head_code_bytes(self) -> int:
@@ -260,6 +268,7 @@ class TQ3PageLayout:
         return [what for what, on in (
             ("page-centered keys (--minima-key-center)", self.key_center),
             (f"{self.value_code} values (--minima-value-code {self.value_code})", self.value_code != UNIFORM_VALUES),
+            (f"{self.value_bits}-bit values (--minima-value-bits {self.value_bits})", self.value_bits != TQ3_BITS),
         ) if on]
 
     @property
@@ -298,24 +307,38 @@ def fp8_page_bytes(num_kv_heads: int, page_size: int, head_dim: int, v_head_dim:
 
 
 def lane_words(head_dim: int, bits: int = TQ3_BITS) -> int:
-    """uint32 words of one lane stream of one chunk: D/4 pairs of 2*bits bits (3*D/64; 4-bit keys: D/16)."""
+    """uint32 words of one lane stream of one chunk: D/4 pairs of 2*bits bits (3*D/64; 4-bit codes: D/16)."""
     return head_dim * bits // 64
 
 
-def key4_bit_index(token, dim, bit, head_dim: int):
-    """4-bit keys: bit index, inside one head's key code block of a page, of bit ``bit`` (0..3) of the
-    code of (``token``, ``dim``); byte ``i // 8``, bit ``i % 8``. The pair holding (token, dim) is
-    the MMA-order pair of ``code_bit_index`` (lane 4r + t, pair 4*block + register), stored as byte
-    ``(32*chunk + lane) * D/4 + pair`` of the block, the low code (even dim) in bits 0..3, the high
-    code (odd dim) in bits 4..7. Integer arithmetic only (// % * +), so ints, tensors and TileLang
-    expressions all index with it."""
+def _mma_slot(kind: str, tc, dd):
+    """(r, t, half, register) of the code of chunk token ``tc`` and block dim ``dd`` (0..15) in ``kind``'s
+    MMA order: lane 4r + t, ``half`` 0 / 1 for the pair's low / high code (``pair_coords``' inverse)."""
+    if kind == KEY:
+        return tc % 8, (dd % 8) // 2, dd % 2, tc // 8 + 2 * (dd // 8)
+    if kind == VALUE:
+        return dd % 8, (tc % 8) // 2, tc % 2, dd // 8 + 2 * (tc // 8)
+    raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
+
+
+def code4_bit_index(kind: str, token, dim, bit, head_dim: int):
+    """4-bit codes: bit index, inside one head's ``kind`` code block of a page, of bit ``bit`` (0..3)
+    of the code of (``token``, ``dim``); byte ``i // 8``, bit ``i % 8``. The pair holding (token, dim)
+    is the MMA-order pair of ``code_bit_index`` (lane 4r + t, pair 4*block + register), stored as byte
+    ``(32*chunk + lane) * D/4 + pair`` of the block, the low code (keys: even dim; values: even token)
+    in bits 0..3, the high code in bits 4..7. Integer arithmetic only (// % * +), so ints, tensors and
+    TileLang expressions all index with it."""
     chunk, tc = token // CHUNK_TOKENS, token % CHUNK_TOKENS
     block, dd = dim // 16, dim % 16
-    r, t, half = tc % 8, (dd % 8) // 2, dd % 2
-    reg = tc // 8 + 2 * (dd // 8)
+    r, t, half, reg = _mma_slot(kind, tc, dd)
     pair = 4 * block + reg
     byte = (chunk * LANES + 4 * r + t) * (head_dim // 4) + pair
     return byte * PAIR_BITS_4 + (PAIR_BITS_4 // 2) * half + bit
+
+
+def key4_bit_index(token, dim, bit, head_dim: int):
+    """4-bit keys: ``code4_bit_index`` of the key block (the low code of a pair is the even dim)."""
+    return code4_bit_index(KEY, token, dim, bit, head_dim)
 
 
 def key4_word(lane, word, code):
@@ -362,14 +385,7 @@ def code_bit_index(kind: str, token, dim, bit, head_dim: int, where=None):
         where = lambda cond, a, b: a if cond else b  # noqa: E731
     chunk, tc = token // CHUNK_TOKENS, token % CHUNK_TOKENS
     block, dd = dim // 16, dim % 16
-    if kind == KEY:
-        r, t, half = tc % 8, (dd % 8) // 2, dd % 2
-        reg = tc // 8 + 2 * (dd // 8)
-    elif kind == VALUE:
-        r, t, half = dd % 8, (tc % 8) // 2, tc % 2
-        reg = dd // 8 + 2 * (tc // 8)
-    else:
-        raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
+    r, t, half, reg = _mma_slot(kind, tc, dd)
     pair = 4 * block + reg
     triple, q = pair // PAIRS_PER_TRIPLE, pair % PAIRS_PER_TRIPLE
     word0 = (chunk * LANES + 4 * r + t) * lane_words(head_dim) + TRIPLE_WORDS * triple

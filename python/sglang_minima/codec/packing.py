@@ -1,5 +1,6 @@
 """Code packing of one head of one page, in the MMA order of layout.py ("Codes are stored..."): 3-bit
-codes (values; keys with ``key_bits=3``) in 96-bit triples, 4-bit keys one pair per byte."""
+codes in 96-bit triples, 4-bit codes (keys with ``key_bits=4``, values with ``value_bits=4``) one pair
+per byte."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from .layout import (
     VALUE,
     WORD_BITS,
     TQ3PageLayout,
+    code4_bit_index,
     code_bit_index,
-    key4_bit_index,
 )
 
 
@@ -26,7 +27,7 @@ def _bit_index(
     kind: str, page_size: int, head_dim: int, device: torch.device, bits: int = TQ3_BITS
 ) -> torch.Tensor:
     """int64 [P, D, bits] on ``device``: the bit of a head's code block that holds each code bit
-    (layout.code_bit_index; 4-bit keys: layout.key4_bit_index). Cached per device, so encoding on a
+    (layout.code_bit_index; 4-bit codes: layout.code4_bit_index). Cached per device, so encoding on a
     GPU does not re-upload it."""
     token = torch.arange(page_size).view(-1, 1, 1)
     dim = torch.arange(head_dim).view(1, -1, 1)
@@ -34,22 +35,20 @@ def _bit_index(
     if bits == TQ3_BITS:
         index = code_bit_index(kind, token, dim, bit, head_dim, where=torch.where)
     else:
-        index = key4_bit_index(token, dim, bit, head_dim)
+        index = code4_bit_index(kind, token, dim, bit, head_dim)
     return index.expand(page_size, head_dim, bits).contiguous().to(device)
 
 
 def _check(kind: str, page_size: int, head_dim: int, device: torch.device, bits: int = TQ3_BITS) -> torch.Tensor:
     if kind not in (KEY, VALUE):
         raise ValueError(f"kind must be {KEY!r} or {VALUE!r}, got {kind!r}")
-    TQ3PageLayout(1, page_size, head_dim, key_bits=bits)  # validates the page geometry and the width
-    if kind == VALUE and bits != TQ3_BITS:
-        raise ValueError(f"value codes are {TQ3_BITS} bits wide, got bits={bits}")
+    TQ3PageLayout(1, page_size, head_dim, **{"key_bits" if kind == KEY else "value_bits": bits})  # geometry, width
     return _bit_index(kind, page_size, head_dim, device, bits)
 
 
 def pack_codes(codes: torch.Tensor, kind: str, bits: int = TQ3_BITS) -> torch.Tensor:
     """uint8 codes in [0, 2**bits) [..., P, D] (one head of one page) -> uint8 [..., P*D*bits/8] in
-    MMA order. ``bits``: 3, or 4 for keys (``TQ3PageLayout.key_bits``)."""
+    MMA order. ``bits``: 3 or 4 (``TQ3PageLayout.key_bits`` / ``value_bits``)."""
     if codes.dtype != torch.uint8:
         raise TypeError(f"pack_codes expects uint8 codes, got dtype={codes.dtype}")
     if codes.dim() < 2:
@@ -70,7 +69,7 @@ def pack_codes(codes: torch.Tensor, kind: str, bits: int = TQ3_BITS) -> torch.Te
 def _code_reads(kind: str, page_size: int, head_dim: int, device: torch.device, bits: int = TQ3_BITS):
     """How to read each code of a head's block as 32-bit little-endian words: (word, shift) [P*D]
     of its lowest bit, and, for the codes whose bits are not adjacent in one word (the spread pair
-    of each 3-bit triple; none for 4-bit keys), their flat positions with (word, shift) [bits, n] of
+    of each 3-bit triple; none for 4-bit codes), their flat positions with (word, shift) [bits, n] of
     each bit."""
     if sys.byteorder != "little":
         raise RuntimeError("unpack_codes reads the code blocks as little-endian 32-bit words")

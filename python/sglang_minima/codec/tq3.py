@@ -7,8 +7,9 @@ an fp16 norm correction s = n / ||centroids[c]||, so k̂' = s·centroids[c] has 
 Page-centered keys (``TQ3PageLayout.key_center``): the recipe codes k' - m instead, m the page's
 mean rotated key per head (fp16), and decodes s·centroids[c] + m.
 Values (rotated v', per token): fp16 zero = min, fp16 scale = (max - min)/7, uniform 3-bit codes;
-or (``TQ3PageLayout.value_code == "lloyd-max"``) the 3-bit key recipe's codes and one fp16 scale, the
-least-squares <v', c>/<c, c>, decoded s·centroids[c] (``value_codebook``).
+or (``TQ3PageLayout.value_code == "lloyd-max"``) the key recipe's codes and one fp16 scale, the
+least-squares <v', c>/<c, c>, decoded s·centroids[c] (``value_codebook``). With
+``TQ3PageLayout.value_bits == 4`` either recipe has 16 levels (the uniform scale is (max - min)/15).
 The exact arithmetic (order, rounding) is specified in docs/TQ3P.md; each step below is one IEEE
 fp32 operation so a kernel can replicate it. Decoded K/V stay in the rotated space: attention uses
 q' = R q and un-rotates its output once.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codebook import Codebook, tq3_codebook
+from .codebook import Codebook, key_codebook
 from .fp8 import Scale, fp8_dequantize
 from .layout import KEY, UNIFORM_VALUES, VALUE, TQ3PageLayout
 from .packing import pack_codes, unpack_codes
@@ -135,7 +136,7 @@ def quantize_values(v_rot: torch.Tensor, bits: int = 3) -> tuple[torch.Tensor, t
 def dequantize_values(
     codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int = 3
 ) -> torch.Tensor:
-    """scale·c + zero in fp32 (scale·c is exact: an fp16 times a 3-bit integer)."""
+    """scale·c + zero in fp32 (scale·c is exact: an fp16 times a 3- or 4-bit integer)."""
     _check_codes(codes, 1 << bits)
     return scale.to(torch.float32).unsqueeze(-1) * codes.to(torch.float32) + zero.to(torch.float32).unsqueeze(
         -1
@@ -160,9 +161,9 @@ def dequantize_values_lloyd_max(codes: torch.Tensor, scale: torch.Tensor, codebo
     return dequantize_keys(codes, scale, codebook)
 
 
-def value_codebook(head_dim: int) -> Codebook:
-    """The codebook of ``lloyd-max`` values: the 3-bit key codebook of the head dim (values are 3-bit)."""
-    return tq3_codebook(head_dim)
+def value_codebook(head_dim: int, bits: int = 3) -> Codebook:
+    """The codebook of ``lloyd-max`` values: the key codebook of the head dim and the values' width."""
+    return key_codebook(head_dim, bits)
 
 
 def _check_codes(codes: torch.Tensor, levels: int) -> None:
@@ -177,7 +178,7 @@ class TQ3PageFields:
     """Views into TQ3P pages [N, page_bytes] (no copies), heads-major as in layout.py."""
 
     k_codes: torch.Tensor  # uint8 [N, H, P*D*key_bits/8], MMA order (layout.py)
-    v_codes: torch.Tensor  # uint8 [N, H, P*D*3/8], MMA order
+    v_codes: torch.Tensor  # uint8 [N, H, P*D*value_bits/8], MMA order
     k_norm: torch.Tensor  # fp16 [N, H, P]
     v_scale: torch.Tensor  # fp16 [N, H, P]
     v_zero: torch.Tensor | None  # fp16 [N, H, P] (``uniform`` values only)
@@ -273,12 +274,12 @@ def encode_pages(
     k_codes, k_norm = quantize_keys(k_rot, codebook)
     v_rot = rotation.rotate(vf, head_axis=-3)
     if layout.value_code == UNIFORM_VALUES:
-        v_codes, *v_meta = quantize_values(v_rot)
+        v_codes, *v_meta = quantize_values(v_rot, layout.value_bits)
     else:
-        v_codes, *v_meta = quantize_values_lloyd_max(v_rot, value_codebook(layout.head_dim))
+        v_codes, *v_meta = quantize_values_lloyd_max(v_rot, value_codebook(layout.head_dim, layout.value_bits))
     parts = [
         pack_codes(k_codes, KEY, layout.key_bits).reshape(n, -1),
-        pack_codes(v_codes, VALUE).reshape(n, -1),
+        pack_codes(v_codes, VALUE, layout.value_bits).reshape(n, -1),
         k_norm.reshape(n, -1).view(torch.uint8),
         *(m.reshape(n, -1).view(torch.uint8) for m in v_meta),
     ]
@@ -294,11 +295,11 @@ def decode_pages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TQ3P pages [N, page_bytes] -> (k̂', v̂') fp32 [N, H, P, D] in the ROTATED space."""
     f = page_fields(pages, layout)
-    v_codes = unpack_codes(f.v_codes, VALUE, layout.page_size, layout.head_dim)
+    v_codes = unpack_codes(f.v_codes, VALUE, layout.page_size, layout.head_dim, layout.value_bits)
     if f.v_zero is not None:
-        v = dequantize_values(v_codes, f.v_scale, f.v_zero)
+        v = dequantize_values(v_codes, f.v_scale, f.v_zero, layout.value_bits)
     else:
-        v = dequantize_values_lloyd_max(v_codes, f.v_scale, value_codebook(layout.head_dim))
+        v = dequantize_values_lloyd_max(v_codes, f.v_scale, value_codebook(layout.head_dim, layout.value_bits))
     return _keys_of(f, layout, codebook), v
 
 

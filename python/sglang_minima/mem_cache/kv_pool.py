@@ -82,6 +82,7 @@ class MinimaKVPool(MHATokenToKVPool):
             key_bits=cfg.key_bits,
             key_center=cfg.key_center,
             value_code=cfg.value_code,
+            value_bits=cfg.value_bits,
         )
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.store = TieredPageStore(

@@ -71,17 +71,23 @@ def check_geometry(page_size: int, head_dim: int) -> None:
     check_head_dim(head_dim)
 
 
+def config_layout(config: MinimaConfig, num_kv_heads: int, page_size: int, head_dim: int) -> TQ3PageLayout:
+    """The TQ3 page layout the ``--minima-*`` flags give a model of this geometry (code widths,
+    page-centered keys, value code)."""
+    return TQ3PageLayout(
+        num_kv_heads, page_size, head_dim, config.key_bits, config.key_center, config.value_code, config.value_bits
+    )
+
+
 def minima_cell_size(
     config: MinimaConfig, *, num_kv_heads: int, head_dim: int, num_layers: int, page_size: int, model_dtype_bytes: int
 ) -> int:
     """Bytes per logical token, all layers, K+V, metadata and page padding included:
-    fraction * hot + (1 - fraction) * TQ3 (keys of ``config.key_bits`` bits), rounded up. SGLang sizes the pool with this first, so an
+    fraction * hot + (1 - fraction) * TQ3 (``config_layout``'s pages), rounded up. SGLang sizes the pool with this first, so an
     unsupported geometry is refused here, before any allocation."""
     check_geometry(page_size, head_dim)
     hot = 2 * num_kv_heads * head_dim * (1 if config.hot_dtype == "fp8_e4m3" else model_dtype_bytes)
-    tq3 = TQ3PageLayout(
-        num_kv_heads, page_size, head_dim, config.key_bits, config.key_center, config.value_code
-    ).page_bytes / page_size
+    tq3 = config_layout(config, num_kv_heads, page_size, head_dim).page_bytes / page_size
     fraction = 1.0 if config.disable_stale else config.fp8_page_fraction
     return math.ceil(num_layers * (fraction * hot + (1.0 - fraction) * tq3))
 
@@ -118,6 +124,8 @@ class StoreShape:
     """Page-centered keys in TQ3 pages (``--minima-key-center``)."""
     value_code: str = UNIFORM_VALUES
     """What TQ3 value codes mean (``--minima-value-code``): uniform or lloyd-max."""
+    value_bits: int = TQ3_BITS
+    """Value code width of TQ3 pages (``--minima-value-bits``): 3 or 4."""
 
     def __post_init__(self) -> None:
         check_geometry(self.page_size, self.head_dim)
@@ -134,7 +142,8 @@ class StoreShape:
     @property
     def layout(self) -> TQ3PageLayout:
         return TQ3PageLayout(
-            self.num_kv_heads, self.page_size, self.head_dim, self.key_bits, self.key_center, self.value_code
+            self.num_kv_heads, self.page_size, self.head_dim, self.key_bits, self.key_center, self.value_code,
+            self.value_bits,
         )
 
 

@@ -33,8 +33,8 @@ import torch
 
 from ..codec.codebook import Codebook
 from ..codec.fp8 import Scale, fp8_dequantize
-from ..codec.layout import UNIFORM_VALUES, VALUE, TQ3PageLayout
-from ..codec.packing import code_ints, key_pair_fields
+from ..codec.layout import TQ3_BITS, UNIFORM_VALUES, VALUE, TQ3PageLayout
+from ..codec.packing import code_ints, key_pair_fields, unpack_codes
 from ..codec.tq3 import check_codebook, value_codebook
 from ..codec.rotation import LayerRotation
 from .batched_decode import PageList, page_tiles, token_visibility
@@ -163,6 +163,17 @@ def lut_hot_batch_decode(
     return _scaled(out, v_scale), lse
 
 
+def _value_codes(words: torch.Tensor, layout: TQ3PageLayout) -> torch.Tensor:
+    """int32 words [n, H, P*D*value_bits/32] of value code blocks -> their codes [n, H, P*D], (token,
+    dim) order: 3-bit triples through ``code_ints``' spread words, 4-bit pairs (one byte each, every
+    code adjacent bits of one word) through ``unpack_codes``."""
+    ps, d = layout.page_size, layout.head_dim
+    if layout.value_bits == TQ3_BITS:
+        return code_ints(words, VALUE, ps, d)
+    codes = unpack_codes(words.view(torch.uint8), VALUE, ps, d, layout.value_bits)
+    return codes.view(*words.shape[:-1], ps * d).to(torch.int32)
+
+
 def lut_tq3_batch_decode(
     q_rot: torch.Tensor,
     tq3: PageList,
@@ -181,7 +192,7 @@ def lut_tq3_batch_decode(
     check_codebook(codebook, layout, "lut_tq3_batch_decode")
     pairs = _centroid_pairs(tuple(codebook.centroids.tolist()), dev)
     # lloyd-max values decode through their codebook's centroids (uniform ones are the codes themselves)
-    v_levels = None if layout.value_code == UNIFORM_VALUES else value_codebook(d).centroids.to(dev)
+    v_levels = None if layout.value_code == UNIFORM_VALUES else value_codebook(d, layout.value_bits).centroids.to(dev)
     qs = q_rot.to(torch.float32).view(b, h, g, d) * (sm_scale * LOG2E)
     words = buffer.view(torch.int32)
     k_words, v_words, meta = layout.k_code_bytes // _WORD_BYTES, layout.v_code_bytes // _WORD_BYTES, h * ps
@@ -206,7 +217,7 @@ def lut_tq3_batch_decode(
         p, m, denom = _segment_softmax(s, req, visible, b)
         # values scale * code + zero (uniform) or scale * centroid[code] (lloyd-max): the scale folds
         # into the weights, the zero into their sum
-        codes = code_ints(pw[:, v0 : v0 + v_words].view(n, h, -1), VALUE, ps, d)
+        codes = _value_codes(pw[:, v0 : v0 + v_words].reshape(n, h, -1), layout)
         w = (p * v_scale).view(n * h, g, ps)
         if v_levels is None:
             v_zero = fp16[:, layout.v_zero_offset // 2 : layout.v_zero_offset // 2 + meta].view(n, h, 1, ps)

@@ -36,6 +36,7 @@ def minima_server_info(scheduler) -> dict[str, Any]:
             "tq3_key_bits": store.layout.key_bits,
             "tq3_key_center": store.layout.key_center,
             "tq3_value_code": store.layout.value_code,
+            "tq3_value_bits": store.layout.value_bits,
             "tq3_page_bytes_per_layer": store.layout.page_bytes,
             "quarantined_pages": store.num_quarantined,
             # the most pages of each format held at once since start: the workload's need of each
