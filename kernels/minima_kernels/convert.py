@@ -14,7 +14,8 @@ as the OR of its codes (``layout.lane_word``, through ``layout.pair_coords``), u
 three words of a triple and splits them back into its 32 codes (``layout.triple_codes``). 4-bit keys
 (``--minima-key-bits 4``: a 16-level key codebook, the kernels take its width from the number of
 centroids) pack and unpack a word of four pair bytes at a time (``layout.key4_word``,
-``layout.key4_word_codes``); values are 3-bit either way.
+``layout.key4_word_codes``); values are 3-bit here (4-bit values, ``--minima-value-bits 4``, are
+converted by the torch codec: ``TQ3PageLayout.kernel_unread``).
 """
 
 import functools

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sglang_minima.codec.accounting import tq3_bits
 from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.layout import LANES, VALUE, TQ3PageLayout, code4_bit_index, pair_coords
 from sglang_minima.codec.packing import pack_codes, unpack_codes
@@ -53,6 +54,8 @@ def test_the_default_pages_worked_bytes():
     # = 70 bytes a token and head (3-bit values: 62; FP8: 128)
     lay = TQ3PageLayout(3, 64, 64, key_bits=4, value_bits=4)
     assert lay.page_bytes == 70 * 3 * 64 and TQ3PageLayout(3, 64, 64, key_bits=4).page_bytes == 62 * 3 * 64
+    bits = tq3_bits(64, 4, value_bits=4)  # the accounting's bits per element: the same bytes
+    assert (bits.key, bits.value) == (4 + 16 / 64, 4 + 32 / 64) and (bits.key + bits.value) * 64 / 8 == 70
     with pytest.raises(ValueError, match="TQ3 value codes are 3 or 4 bits wide, got value_bits=2"):
         TQ3PageLayout(3, 64, 64, value_bits=2)
 
