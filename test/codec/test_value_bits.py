@@ -1,5 +1,6 @@
 """4-bit Stale values (``TQ3PageLayout.value_bits == 4``, ``--minima-value-bits 4``): the page's bytes,
-the packing of value pairs one per byte, and the codec's recipes with 16 levels."""
+the packing of value pairs (two nibbles 16 bits apart, four pairs a word), and the codec's recipes
+with 16 levels."""
 
 from __future__ import annotations
 
@@ -60,25 +61,38 @@ def test_the_default_pages_worked_bytes():
         TQ3PageLayout(3, 64, 64, value_bits=2)
 
 
-def test_a_value_pair_is_one_byte_in_the_values_mma_order():
-    """Pair ``p`` of lane ``l`` (tokens 2t, 2t + 1 of one dim: ``pair_coords``) is byte
-    ``(32 chunk + l) D/4 + p`` of the head's block, the even token in the low nibble."""
+def test_a_value_pair_is_two_nibbles_16_bits_apart_in_the_values_mma_order():
+    """Pair ``p`` of lane ``l`` (tokens 2t, 2t + 1 of one dim: ``pair_coords``) is in word
+    ``(32 chunk + l) D/16 + p // 4`` of the head's block: the even token's code in bits 4g..4g+3
+    (g = p % 4), the odd token's 16 above, so ``(w >> 4g) & 0x000F000F`` holds the pair as an fp16x2's
+    two mantissas (the decode's magic-number trick, as for 3-bit values)."""
     d = 64
     for lane in range(LANES):
         for pair in range(d // 4):
             (t0, d0), (t1, d1) = pair_coords(VALUE, lane, pair)
             assert (t1, d1) == (t0 + 1, d0)
             for chunk in (0, 3):
-                byte = (chunk * LANES + lane) * (d // 4) + pair
+                word, g = (chunk * LANES + lane) * (d // 16) + pair // 4, pair % 4
                 for b in range(4):
-                    assert code4_bit_index(VALUE, 16 * chunk + t0, d0, b, d) == 8 * byte + b
-                    assert code4_bit_index(VALUE, 16 * chunk + t1, d1, b, d) == 8 * byte + 4 + b
+                    assert code4_bit_index(VALUE, 16 * chunk + t0, d0, b, d) == 32 * word + 4 * g + b
+                    assert code4_bit_index(VALUE, 16 * chunk + t1, d1, b, d) == 32 * word + 16 + 4 * g + b
     # worked example: (token 3, dim 9) is lane 4*1 + 1 (r = 9 % 8, t = 3 // 2), register 1 of block 0
-    # (dim 9 >= 8), the high nibble (odd token): byte 5 * 16 + 1 = 81
+    # (dim 9 >= 8): pair 1 of word 5 * 4 = 20, slot 1, the odd token: bits 16 + 4 .. 16 + 7 of the
+    # word, i.e. byte 4 * 20 + 2 = 82, its high nibble
     codes = torch.zeros(16, d, dtype=torch.uint8)
     codes[3, 9] = 0xB
     packed = pack_codes(codes, VALUE, bits=4)
-    assert packed.numel() == 16 * d // 2 and packed.nonzero().flatten().tolist() == [81] and int(packed[81]) == 0xB0
+    assert packed.numel() == 16 * d // 2 and packed.nonzero().flatten().tolist() == [82] and int(packed[82]) == 0xB0
+    # the decode's view: every pair of a random block is one shift and one mask of its word
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (16, d), generator=g, dtype=torch.uint8)
+    words = pack_codes(codes, VALUE, bits=4).view(torch.int32)
+    for lane in (0, 5, 31):
+        for pair in range(d // 4):
+            (t0, d0), (t1, d1) = pair_coords(VALUE, lane, pair)
+            w = int(words[lane * (d // 16) + pair // 4]) & 0xFFFFFFFF
+            both = (w >> 4 * (pair % 4)) & 0x000F000F
+            assert (both & 0xFFFF, both >> 16) == (int(codes[t0, d0]), int(codes[t1, d1]))
 
 
 @settings(max_examples=25, deadline=None)

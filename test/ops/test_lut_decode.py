@@ -140,7 +140,7 @@ def test_layout_options_match_the_reference_batched_decode(kv_lens, stale, tile_
     """Page-centered keys (``key_center``): the page's mean key enters the scores as one q . mean per
     page and head, as the codec decodes it; keys share a large offset per page (post-RoPE keys do).
     ``lloyd-max`` values: the weights times each token's scale against the codes' centroids, no zero
-    term. 4-bit values: their codes one pair per byte, the same decode. The reference decodes the
+    term. 4-bit values: their codes four pairs a word, the same decode. The reference decodes the
     pages with the codec."""
     pool = _pool(kv_lens, stale, seed, 16, 2, 64, key_bits=key_bits, key_center=key_center,
                  key_offset=6.0 if key_center else 0.0, value_code=value_code, value_bits=value_bits)

@@ -52,8 +52,10 @@ the index ``low | high << 4`` into a 256-entry table of fp16x2 centroid pairs; a
 bytes = D/16 little-endian uint32 words, word ``k`` holding pairs 4k .. 4k+3 (byte ``g`` = register
 ``g`` of block ``k``: one word is one block's whole A operand). A chunk is 32 lane streams of D/4
 bytes (8*D bytes), lane after lane; no triples, no spare bits (``key4_bit_index``). 4-bit values
-(``value_bits=4``) are packed the same way in the values' MMA order: a byte is a value pair (tokens
-2t and 2t + 1 of one dim), low code the even token (``code4_bit_index``).
+(``value_bits=4``) have the same lane streams of D/16 words in the values' MMA order (a pair is tokens
+2t and 2t + 1 of one dim), but word ``k`` keeps pair ``4k + g``'s low code in bits 4g..4g+3 and its high
+code 16 above, so one shift and one mask give both halves of an fp16x2, as for 3-bit values
+(``code4_bit_index``, ``NIBBLE_BITS``).
 
 LSE convention for every Minima attention op (torch and GPU): base 2, as FlashInfer returns it.
 """
@@ -66,7 +68,7 @@ TQ3_BITS = 3
 NUM_CODES = 1 << TQ3_BITS
 KEY_BITS_CHOICES = (3, 4)  # key code widths a page may use (``TQ3PageLayout.key_bits``)
 VALUE_BITS_CHOICES = (3, 4)  # value code widths (``TQ3PageLayout.value_bits``)
-PAIR_BITS_4 = 8  # 4-bit codes: one pair (low code, high code) per byte
+PAIR_BITS_4 = 8  # 4-bit codes: the bits of one pair (low code, high code)
 CHUNK_TOKENS = 16  # tokens per MMA tile (the M of the key GEMM, the K of the value GEMM)
 LANES = 32  # lane streams per chunk (one warp)
 PAIRS_PER_TRIPLE = 16  # code pairs (fp16x2 operands) per 96-bit triple
@@ -108,6 +110,12 @@ class WordBits:
     high_offset: int  # the slot's high code sits this many bits above its low code
     spare: tuple[int, int]  # pair 15: bit b of its low / high code is this bit of word b
 
+
+NIBBLE_BITS = {
+    # 4-bit codes, four pairs a word: (bits between slots, bits from a slot's low code to its high one)
+    KEY: (PAIR_BITS_4, PAIR_BITS_4 // 2),  # a byte a pair: the index into a 256-entry pair table
+    VALUE: (PAIR_BITS_4 // 2, 16),  # low codes in the low half-word, high codes 16 above: fp16x2 at a shift
+}
 
 WORD_BITS = {
     # values: (w >> s) & 0x00070007 puts both codes of slots 0, 1, 2 (s = 1, 4, 7) and, after one
@@ -324,16 +332,19 @@ def _mma_slot(kind: str, tc, dd):
 def code4_bit_index(kind: str, token, dim, bit, head_dim: int):
     """4-bit codes: bit index, inside one head's ``kind`` code block of a page, of bit ``bit`` (0..3)
     of the code of (``token``, ``dim``); byte ``i // 8``, bit ``i % 8``. The pair holding (token, dim)
-    is the MMA-order pair of ``code_bit_index`` (lane 4r + t, pair 4*block + register), stored as byte
-    ``(32*chunk + lane) * D/4 + pair`` of the block, the low code (keys: even dim; values: even token)
-    in bits 0..3, the high code in bits 4..7. Integer arithmetic only (// % * +), so ints, tensors and
-    TileLang expressions all index with it."""
+    is the MMA-order pair of ``code_bit_index`` (lane 4r + t, pair p = 4*block + register), in word
+    ``(32*chunk + lane) * D/16 + p // 4`` of the block, slot ``g = p % 4`` (``NIBBLE_BITS``): keys put the
+    pair in byte g (low code, the even dim, in bits 8g..8g+3, the high code 4 above: one table index);
+    values put the low code (the even token) in bits 4g..4g+3 and the high code 16 above, so that
+    ``(w >> 4g) & 0x000F000F`` is both halves of an fp16x2 (the 3-bit values' trick). Integer arithmetic
+    only (// % * +), so ints, tensors and TileLang expressions all index with it."""
     chunk, tc = token // CHUNK_TOKENS, token % CHUNK_TOKENS
     block, dd = dim // 16, dim % 16
     r, t, half, reg = _mma_slot(kind, tc, dd)
     pair = 4 * block + reg
-    byte = (chunk * LANES + 4 * r + t) * (head_dim // 4) + pair
-    return byte * PAIR_BITS_4 + (PAIR_BITS_4 // 2) * half + bit
+    word = (chunk * LANES + 4 * r + t) * (head_dim // 16) + pair // 4
+    stride, high = NIBBLE_BITS[kind]
+    return word * 32 + stride * (pair % 4) + high * half + bit
 
 
 def key4_bit_index(token, dim, bit, head_dim: int):

@@ -1,6 +1,6 @@
 """Code packing of one head of one page, in the MMA order of layout.py ("Codes are stored..."): 3-bit
-codes in 96-bit triples, 4-bit codes (keys with ``key_bits=4``, values with ``value_bits=4``) one pair
-per byte."""
+codes in 96-bit triples, 4-bit codes (keys with ``key_bits=4``, values with ``value_bits=4``) four
+pairs a 32-bit word (``layout.code4_bit_index``)."""
 
 from __future__ import annotations
 

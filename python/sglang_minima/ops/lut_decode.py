@@ -165,8 +165,8 @@ def lut_hot_batch_decode(
 
 def _value_codes(words: torch.Tensor, layout: TQ3PageLayout) -> torch.Tensor:
     """int32 words [n, H, P*D*value_bits/32] of value code blocks -> their codes [n, H, P*D], (token,
-    dim) order: 3-bit triples through ``code_ints``' spread words, 4-bit pairs (one byte each, every
-    code adjacent bits of one word) through ``unpack_codes``."""
+    dim) order: 3-bit triples through ``code_ints``' spread words, 4-bit codes (each four adjacent bits
+    of one word) through ``unpack_codes``."""
     ps, d = layout.page_size, layout.head_dim
     if layout.value_bits == TQ3_BITS:
         return code_ints(words, VALUE, ps, d)
