@@ -186,13 +186,11 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
         limits.append("--minima-attention-score-anchors (the kernels collect no page scores)")
     if config.anchor_window:
         limits.append("--minima-anchor-window (the kernels collect no page mass)")
-    if config.key_center:
-        limits.append("--minima-key-center (the kernels do not read page-centered keys)")
-    if config.value_code != "uniform":
-        limits.append(f"--minima-value-code {config.value_code} (the kernels read uniform value codes)")
-    if config.value_bits != 3:
-        limits.append(f"--minima-value-bits {config.value_bits} (the kernels read 3-bit value codes)")
-    return limits
+    # the page layout's options the kernels do not read: the list the backend and the conversions read
+    # (imported here: the codec package imports torch, which this module does not at import time)
+    from sglang_minima.codec.layout import kernel_unread_options
+
+    return limits + kernel_unread_options(config.key_center, config.value_code, config.value_bits)
 
 
 def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:

@@ -273,11 +273,7 @@ class TQ3PageLayout:
     def kernel_unread(self) -> list[str]:
         """This layout's options the GPU kernels neither read nor write, each with its flag (empty: they
         serve it): where the decode backend refuses the pool and the store converts on the torch codec."""
-        return [what for what, on in (
-            ("page-centered keys (--minima-key-center)", self.key_center),
-            (f"{self.value_code} values (--minima-value-code {self.value_code})", self.value_code != UNIFORM_VALUES),
-            (f"{self.value_bits}-bit values (--minima-value-bits {self.value_bits})", self.value_bits != TQ3_BITS),
-        ) if on]
+        return kernel_unread_options(self.key_center, self.value_code, self.value_bits)
 
     @property
     def k_mean_offset(self) -> int:
@@ -306,6 +302,15 @@ class TQ3PageLayout:
         """Bytes of one page block including alignment padding."""
         raw = self.payload_bytes + self.metadata_bytes
         return (raw + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
+
+
+def kernel_unread_options(key_center: bool, value_code: str, value_bits: int) -> list[str]:
+    """``TQ3PageLayout.kernel_unread`` from the options alone (no geometry: what the launcher has)."""
+    return [what for what, on in (
+        ("page-centered keys (--minima-key-center)", key_center),
+        (f"{value_code} values (--minima-value-code {value_code})", value_code != UNIFORM_VALUES),
+        (f"{value_bits}-bit values (--minima-value-bits {value_bits})", value_bits != TQ3_BITS),
+    ) if on]
 
 
 def fp8_page_bytes(num_kv_heads: int, page_size: int, head_dim: int, v_head_dim: int | None = None) -> int:
