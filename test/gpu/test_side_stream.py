@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sglang_minima.codec.fp8 import fp8_quantize
+from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.mem_cache.conversion_stream import ConversionStream, CudaConversionStream
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.mem_cache.physical_pool import PhysicalPagePool
@@ -23,8 +24,8 @@ SLEEP = int(2e8)  # GPU cycles: ~0.1 s on an H200, far longer than the host's wo
 
 
 def _store(num_logical=16, num_hot=8, **kwargs) -> TieredPageStore:
-    shape = StoreShape(num_logical_pages=num_logical, num_hot_pages=num_hot, page_size=PS, num_layers=LAYERS,
-                       num_kv_heads=HEADS, head_dim=DIM, hot_dtype=torch.float8_e4m3fn)
+    shape = StoreShape(num_logical_pages=num_logical, num_hot_pages=num_hot, num_layers=LAYERS,
+                       hot_dtype=torch.float8_e4m3fn, layout=TQ3PageLayout(HEADS, PS, DIM))
     return TieredPageStore(shape, device="cuda", rotation_seed=5, **kwargs)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
+from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.tq3 import decode_pages, to_original_space
 from sglang_minima.mem_cache.conversion_stream import ConversionStream
 from sglang_minima.mem_cache.page_table import FMT_HOT
@@ -51,15 +52,9 @@ def make_store(
     shape = StoreShape(
         num_logical_pages=num_logical,
         num_hot_pages=num_hot,
-        page_size=PS,
         num_layers=LAYERS,
-        num_kv_heads=HEADS,
-        head_dim=DIM,
         hot_dtype=torch.float8_e4m3fn if fp8 else torch.float32,
-        key_bits=key_bits,
-        key_center=key_center,
-        value_code=value_code,
-        value_bits=value_bits,
+        layout=TQ3PageLayout(HEADS, PS, DIM, key_bits, key_center, value_code, value_bits),
     )
     return TieredPageStore(shape, conversion_stream=stream, debug_poison=debug_poison)
 

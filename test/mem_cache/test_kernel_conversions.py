@@ -51,8 +51,8 @@ class CodecPageConversions:
 
 
 def _stores(heads, dim, page_size, device, key_bits=3):
-    shape = StoreShape(num_logical_pages=24, num_hot_pages=12, page_size=page_size, num_layers=3,
-                       num_kv_heads=heads, head_dim=dim, hot_dtype=torch.float8_e4m3fn, key_bits=key_bits)
+    shape = StoreShape(num_logical_pages=24, num_hot_pages=12, num_layers=3, hot_dtype=torch.float8_e4m3fn,
+                       layout=TQ3PageLayout(heads, page_size, dim, key_bits))
     kern = TieredPageStore(shape, device=device, rotation_seed=11)
     ref = TieredPageStore(shape, device=device, rotation_seed=11, conversion_kernels=False)
     return shape, kern, ref
@@ -165,9 +165,8 @@ def test_layout_options_convert_on_the_torch_codec(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
     for center, code, bits in ((False, "uniform", 3), (True, "uniform", 3), (False, "lloyd-max", 3),
                                (True, "lloyd-max", 3), (False, "uniform", 4)):
-        shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
-                           head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4, key_center=center, value_code=code,
-                           value_bits=bits)
+        shape = StoreShape(num_logical_pages=8, num_hot_pages=4, num_layers=1, hot_dtype=torch.float8_e4m3fn,
+                           layout=TQ3PageLayout(2, 16, 64, 4, key_center=center, value_code=code, value_bits=bits))
         cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
         caplog.clear()
         with caplog.at_level("INFO", logger=kernel_conversions.logger.name):
@@ -180,8 +179,8 @@ def test_layout_options_convert_on_the_torch_codec(monkeypatch, caplog):
 def test_four_bit_keys_take_the_kernels_of_their_width(monkeypatch):
     """A store with 4-bit keys converts through the kernels too, built for its key width."""
     monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
-    shape = StoreShape(num_logical_pages=8, num_hot_pages=4, page_size=16, num_layers=1, num_kv_heads=2,
-                       head_dim=64, hot_dtype=torch.float8_e4m3fn, key_bits=4)
+    shape = StoreShape(num_logical_pages=8, num_hot_pages=4, num_layers=1, hot_dtype=torch.float8_e4m3fn,
+                       layout=TQ3PageLayout(2, 16, 64, 4))
     cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
     conversions = kernel_conversions.kernel_conversions(cuda_like)
     assert conversions is not None and conversions.kernels.layout.key_bits == 4

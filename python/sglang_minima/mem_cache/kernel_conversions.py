@@ -32,7 +32,7 @@ class KernelConversions:
         from minima_kernels import PageConversions
 
         self.store = store
-        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim, s.key_bits)
+        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim, s.layout.key_bits)
         # built (or loaded from TileLang's cache) now, not at the first conversion
         _ = self.kernels.encode_kernel, self.kernels.decode_kernel
         self._scales: list[tuple[tuple[float, float], torch.Tensor] | None] = [None] * s.num_layers
@@ -95,5 +95,5 @@ def kernel_conversions(store) -> KernelConversions | None:
     except Exception as e:  # the gpu extra (tilelang) missing, or its build failing: the codec still converts
         logger.warning("Minima: conversions on the torch codec: the TileLang kernels are unavailable (%r)", e)
         return None
-    logger.info("Minima: page conversions through the TileLang kernels (%d layers, %d-bit keys)", s.num_layers, s.key_bits)
+    logger.info("Minima: page conversions through the TileLang kernels (%d layers, %d-bit keys)", s.num_layers, s.layout.key_bits)
     return conversions

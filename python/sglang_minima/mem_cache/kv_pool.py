@@ -46,6 +46,7 @@ from sglang_minima.mem_cache.tier_store import (
     TieredPageStore,
     check_head_dim,
     check_page_size,
+    config_layout,
     split_pages,
 )
 from sglang_minima.selection import resolve_config
@@ -74,15 +75,9 @@ class MinimaKVPool(MHATokenToKVPool):
         shape = StoreShape(
             num_logical_pages=num_logical,
             num_hot_pages=num_hot,
-            page_size=self.page_size,
             num_layers=self.layer_num,
-            num_kv_heads=self.head_num,
-            head_dim=self.head_dim,
             hot_dtype=self.dtype,
-            key_bits=cfg.key_bits,
-            key_center=cfg.key_center,
-            value_code=cfg.value_code,
-            value_bits=cfg.value_bits,
+            layout=config_layout(cfg, self.head_num, self.page_size, self.head_dim),
         )
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self.store = TieredPageStore(

@@ -31,7 +31,7 @@ from minima_kernels.heuristics import prefill_scratch_bytes, prefill_tq3_kernel 
 from sglang_minima.codec.codebook import Codebook, key_codebook
 from sglang_minima.codec.fp8 import fp8_requantize
 from sglang_minima.codec.layout import (
-    CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3_BITS, UNIFORM_VALUES, TQ3PageLayout, head_dim_fits, page_size_fits,
+    CHUNK_TOKENS, HEAD_DIM_MULTIPLE, TQ3PageLayout, head_dim_fits, page_size_fits,
 )
 from sglang_minima.codec.rotation import LayerRotation
 from sglang_minima.codec.tq3 import decode_pages, encode_pages, to_original_space
@@ -108,27 +108,29 @@ def prefill_scratch_reserve(server_args, *, num_kv_heads: int, head_dim: int, pa
 
 @dataclass(frozen=True)
 class StoreShape:
-    """What a store holds: logical capacity, the FP8/TQ3 split and the KV geometry."""
+    """What a store holds: logical capacity, the FP8/TQ3 split, the layers, and the TQ3 page layout,
+    which carries the KV geometry (KV heads, page size, head dim) and the code options."""
 
     num_logical_pages: int
     num_hot_pages: int
-    page_size: int
     num_layers: int
-    num_kv_heads: int
-    head_dim: int
     hot_dtype: torch.dtype
     """Logical dtype of hot pages: torch.float8_e4m3fn, or the model dtype."""
-    key_bits: int = TQ3_BITS
-    """Key code width of TQ3 pages (``--minima-key-bits``, whose default is 4): 3 or 4."""
-    key_center: bool = False
-    """Page-centered keys in TQ3 pages (``--minima-key-center``)."""
-    value_code: str = UNIFORM_VALUES
-    """What TQ3 value codes mean (``--minima-value-code``): uniform or lloyd-max."""
-    value_bits: int = TQ3_BITS
-    """Value code width of TQ3 pages (``--minima-value-bits``): 3 or 4."""
+    layout: TQ3PageLayout
+    """The TQ3 pages' bytes (``config_layout`` for the ``--minima-*`` flags; it refuses a geometry
+    TQ3 pages cannot hold)."""
 
-    def __post_init__(self) -> None:
-        check_geometry(self.page_size, self.head_dim)
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.layout.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layout.head_dim
 
     @property
     def num_tq3_pages(self) -> int:
@@ -138,13 +140,6 @@ class StoreShape:
     def hot_store_dtype(self) -> torch.dtype:
         """FP8 is stored as uint8 bit patterns, as SGLang does (index_put has no fp8 kernel)."""
         return torch.uint8 if self.hot_dtype == torch.float8_e4m3fn else self.hot_dtype
-
-    @property
-    def layout(self) -> TQ3PageLayout:
-        return TQ3PageLayout(
-            self.num_kv_heads, self.page_size, self.head_dim, self.key_bits, self.key_center, self.value_code,
-            self.value_bits,
-        )
 
 
 @dataclass
@@ -213,7 +208,7 @@ class TieredPageStore:
             LayerRotation(shape.num_kv_heads, shape.head_dim, first_layer_id + i, rotation_seed, self.device)
             for i in range(shape.num_layers)
         ]
-        self.codebook: Codebook = key_codebook(shape.head_dim, shape.key_bits).to(self.device)
+        self.codebook: Codebook = key_codebook(shape.head_dim, self.layout.key_bits).to(self.device)
         # On CUDA the TileLang kernels convert (one launch per layer, the codec's bytes, 3- or 4-bit
         # keys); else the torch codec.
         self.kernels: KernelConversions | None = kernel_conversions(self) if conversion_kernels else None
