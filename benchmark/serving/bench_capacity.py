@@ -110,6 +110,11 @@ COUNTERS = {
     "converted": lambda s: s["retier"]["pages"],
     "promoted": lambda s: s["promote"]["pages"],
     "pressure_converted": lambda s: s["pressure_retier_pages"],
+    # what those were (MinimaStats.pressure_retier_tiers): due anyway, a prompt's deferred pages, or
+    # pages the policy keeps FP8 (Anchor, Recent)
+    "pressure_due": lambda s: s["pressure_retier_tiers"]["cached"] + s["pressure_retier_tiers"]["stale"],
+    "pressure_deferred": lambda s: s["pressure_retier_tiers"]["deferred"],
+    "pressure_kept": lambda s: s["pressure_retier_tiers"]["anchor"] + s["pressure_retier_tiers"]["recent"],
     "allocation_syncs": lambda s: s["allocation_syncs"],
     "hot_page_reads": lambda s: s["route_hot_pages"],
     "tq3_page_reads": lambda s: s["route_tq3_pages"],
@@ -376,13 +381,23 @@ def _step(r: ArmResult) -> str:
     return f"{r.decode_step_ms}{f' / {median[0]}' if median else ''} @ {r.decode_rows}"
 
 
+def _converted(c: dict) -> str:
+    """Pages converted in the round, and those converted for want of a free hot page by what they were."""
+    if "converted" not in c:
+        return "-"
+    if "pressure_kept" not in c:  # a result written before the breakdown
+        return str(c["converted"])
+    return f"{c['converted']} ({c['pressure_due']} / {c['pressure_deferred']} / {c['pressure_kept']})"
+
+
 def render(results: list[ArmResult]) -> str:
     """One row per round and arm; "x base" is the ratio to the round's baseline arm (BASELINES),
     "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | median / p99 ITL ms | decode step ms @ rows (best window / median) "
-        "| converted | TQ3 page reads | fallbacks | peak scratch MiB since start / kept in the budget "
+        "| converted (under pressure: cached or Stale / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
+        "| peak scratch MiB since start / kept in the budget "
         "| peak hot pages held / hot pages |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -398,7 +413,7 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
             f"| {f'{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}' if r.median_itl_ms else '-'} "
-            f"| {_step(r)} | {c.get('converted', '-')} "
+            f"| {_step(r)} | {_converted(c)} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "
             f"| {c.get('peak_hot_pages', '-')} |")

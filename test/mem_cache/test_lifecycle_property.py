@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from sglang_minima.layers.attention.plan import plan_request
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.controller import LifecycleController
-from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_RECENT
 from sglang_minima.ops.dense import attend, causal_mask
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention
 from store_helpers import DIM, HEADS, LAYERS, PS, HeldConversionStream, make_store, read_page, rel_err, write_tokens
@@ -58,6 +58,7 @@ class Lifecycle(RuleBasedStateMachine):
     ticks_skipped = 0  # steps LifecycleController.settled let skip (each checked against a real tick)
     ticks_deferred = 0  # steps LifecycleController.due let wait for new pages (--minima-tick-min-new-pages)
     attention_every = 1  # the soak checks attention every N operations; the ownership invariants always
+    pressure_orders_checked = 0  # pressure conversions that left some convertible pages hot (order checked)
 
     @initialize(anchors=st.integers(0, 3), fill=st.sampled_from(["age", "score", "window"]), hold=st.booleans(),
                 tick_pages=st.sampled_from([1, 3]), defer=st.booleans())
@@ -96,7 +97,18 @@ class Lifecycle(RuleBasedStateMachine):
         # Admission's promise (HotPageBudget counts every sealed hot page as reachable, and SGLang
         # frees logical room first): both together suffice, however full the TQ3 region is.
         admissible = n <= len(self.free_logical) and n <= self.ctl.hot_reachable()
-        if n > len(self.free_logical) or not self.ctl.reserve_hot(n):  # may sync and free the quarantine
+        pt = self.store.page_table
+        sealed = torch.nonzero(self.store.hot_convertible() & ~self.store.converting.bool()).flatten()
+        tiers = pt.tier[sealed].clone()
+        ok = n <= len(self.free_logical) and self.ctl.reserve_hot(n)  # may sync and free the quarantine
+        # the pressure path's order (by the last tick's tiers): no Anchor page converted while a cached
+        # or Stale one stays hot, no Recent page while an Anchor one does
+        group = (tiers >= TIER_ANCHOR).long() + (tiers >= TIER_RECENT).long()
+        converted = pt.fmt[sealed] == FMT_TQ3
+        if converted.any() and (~converted).any():
+            type(self).pressure_orders_checked += 1
+            assert group[converted].max() <= group[~converted].min(), (tiers[converted], tiers[~converted])
+        if not ok:
             assert not admissible, (n, len(self.free_logical), self.store.tq3_pool.num_free)
             return None
         pages, self.free_logical = self.free_logical[:n], self.free_logical[n:]
@@ -439,5 +451,24 @@ def test_the_machine_checks_the_deferred_conversion(defer):
     machine.reqs[0].prefilling = False  # its last chunk
     machine.step()
     assert machine.store.stats.retier.pages == 2
+    machine.no_leaked_or_doubly_freed_page()
+    machine.teardown()
+
+
+def test_the_machine_checks_the_pressure_order():
+    """The pressure order's check has something to check: an allocation short of hot pages converts a
+    Stale page of a request in prefill (its deferred pages, the lowest tier here), not its sink or
+    Recent pages."""
+    Lifecycle.pressure_orders_checked = 0
+    machine = Lifecycle()
+    machine.setup(anchors=0, fill="age", defer=True)
+    machine.new_request(5 * PS, prefilling=True)  # a sink page, two Stale pages, two Recent ones
+    machine.step()  # classified; the deferral keeps them hot
+    pages = machine._alloc_pages(NUM_HOT - 5 + 1)  # one hot page more than are free
+    assert pages is not None and Lifecycle.pressure_orders_checked == 1
+    req = machine.reqs[0].pages
+    assert machine.store.page_table.fmt[req].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT, FMT_HOT, FMT_HOT]
+    assert machine.store.stats.pressure_retier_tiers["deferred"] == 1
+    machine._free_pages(pages)
     machine.no_leaked_or_doubly_freed_page()
     machine.teardown()

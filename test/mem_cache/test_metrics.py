@@ -127,3 +127,32 @@ def _exported_labelled(name: str, outcome: str) -> float:
     text = generate_latest(REGISTRY).decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name + "{") and f'outcome="{outcome}"' in line)
+
+
+def test_pressure_conversions_reach_the_exported_text_by_tier():
+    """The pressure path's conversions (LifecycleController.reserve_hot) -> MinimaStats'
+    pressure_retier_tiers -> sglang:minima_pressure_retier_pages_total{tier}."""
+    store = make_store(num_logical=16, num_hot=4)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1))
+    metrics = get_minima_metrics(LABELS)  # one per process: start from what earlier tests' stores reported
+    name = "sglang:minima_pressure_retier_pages_total"
+    before = {t: _exported_tier(name, t) for t in store.stats.pressure_retier_tiers}
+    for tier, n in before.items():
+        store.stats.pressure_retier_tiers[tier] = int(n)
+    cached = torch.tensor([1])
+    store.map_new(cached)
+    write_tokens(store, torch.arange(PS, 2 * PS), *random_kv(PS))
+    seq = torch.tensor([2, 3, 4])
+    store.map_new(seq)
+    write_tokens(store, torch.arange(2 * PS, 5 * PS - 1), *random_kv(3 * PS - 1))
+    store.page_table.tier.copy_(ctl.classify([seq]))  # the tiers, without the tick's conversions
+    assert ctl.reserve_hot(3)  # the cached page, then the sink (an Anchor); page 3 is Stale and goes between
+    metrics.update(memory_report(store), store.stats)
+    gained = {t: _exported_tier(name, t) - before[t] for t in before}
+    assert gained == {"cached": 1, "stale": 1, "deferred": 0, "anchor": 1, "recent": 0}
+
+
+def _exported_tier(name: str, tier: str) -> float:
+    text = generate_latest(REGISTRY).decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and f'tier="{tier}"' in line)

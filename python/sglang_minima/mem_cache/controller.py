@@ -14,7 +14,8 @@ prefix) keeps its format: FP8 pages nobody needs cost nothing, and a prefix hit 
 again. ``tick`` runs once per scheduler step: it first publishes the conversions whose copy is
 done, then launches one batched FP8->TQ3 conversion of sealed Stale pages (with ``defer_prefill_conversion``, none held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
 ``reserve_hot`` converts synchronously (waiting for the copy) when an allocation finds no free FP8 page: cached
-and Stale pages first, then Anchor, then Recent, oldest first; never a page being written.
+and Stale pages first, then the Stale pages the deferral keeps hot, then Anchor, then Recent, oldest
+first; never a page being written. It counts them by what they were (``MinimaStats.pressure_retier_tiers``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from sglang_minima.config import MinimaConfig
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
+from sglang_minima.mem_cache.stats import PRESSURE_TIERS
 from sglang_minima.mem_cache.tier_store import TieredPageStore
 from sglang_minima.ops.host_copy import to_device
 
@@ -41,6 +43,7 @@ class LifecycleController:
         # anchor_window: per live request (its identity), its pinned pages and which of them count
         self._window_anchors: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}
         self._new_pins: list[torch.Tensor] = []  # this tick's picks, counted in the tick's one device read
+        self._deferred: torch.Tensor | None = None  # bool by logical page: the last tick's deferred pages
 
     def settled(self, key: Hashable) -> bool:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
@@ -135,10 +138,14 @@ class LifecycleController:
         stale = (pt.tier == TIER_STALE) & pt.mapped & (pt.fmt == FMT_HOT)
         # Pages that must stay hot this tick: a request still in prefill (deferred conversion), and
         # one whose prefill ended but whose window has not reached its prompt's end yet (its Anchors
-        # are picked at a later tick: nothing of it converts before).
+        # are picked at a later tick: nothing of it converts before). The pressure path takes them
+        # after the other Stale pages.
+        deferred = torch.zeros_like(stale)
         for seq, busy, seen in zip(sequences, in_prefill, ready):
             if (p.defer_prefill_conversion and busy) or (p.anchor_window and not busy and not seen):
-                stale[seq.to(device=stale.device, dtype=torch.int64)] = False
+                deferred[seq.to(device=stale.device, dtype=torch.int64)] = True
+        self._deferred = deferred
+        stale &= ~deferred
         sealed = pt.sealed
         converted = store.retier(self._order(stale & sealed, demote=True)[: p.retier_batch_pages])
         self._backlog = converted >= p.retier_batch_pages
@@ -219,9 +226,25 @@ class LifecycleController:
         self._drain()  # both pools: a conversion needs free TQ3 pages too
         short = num_pages - store.hot_pool.num_free
         if short > 0 and not self.config.disable_stale:
-            store.stats.pressure_retier_pages += store.retier(self._order(store.hot_convertible(), demote=True)[:short])
+            pages, tiers = self._pressure_order(store.hot_convertible())
+            converted = store.retier(pages[:short])  # after the drain every one is convertible: a prefix converts
+            counts = torch.bincount(tiers[:converted], minlength=len(PRESSURE_TIERS)).tolist()
+            store.stats.note_pressure(dict(zip(PRESSURE_TIERS, counts)))
             self._drain()  # publishes it and frees its sources, now (a second device sync)
         return store.hot_pool.num_free >= num_pages
+
+    def _pressure_order(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logical pages of ``mask`` in the pressure path's order, with each one's ``PRESSURE_TIERS``
+        index: by that index (the last tick's tiers), then oldest first."""
+        pt = self.store.page_table
+        pages = torch.nonzero(mask).flatten()
+        tier = pt.tier[pages].to(torch.int64)
+        # cached 0, Stale 1, deferred Stale 2, Anchor 3, Recent 4
+        index = tier + (tier >= TIER_ANCHOR).to(torch.int64)
+        if self._deferred is not None:
+            index = index + ((tier == TIER_STALE) & self._deferred[pages]).to(torch.int64)
+        order = torch.argsort(index * _TIER_STRIDE + pt.birth[pages], stable=True)
+        return pages[order], index[order]
 
     def _drain(self) -> None:
         """The store's drain, counted where it waited for the device."""

@@ -5,6 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+PRESSURE_TIERS = ("cached", "stale", "deferred", "anchor", "recent")
+"""What a page the pressure path converts was, in the order it takes them: held by no live request,
+Stale, Stale but kept hot until its request's prefill ends (``--minima-defer-prefill-conversion``, or
+its observation window, ``--minima-anchor-window``), Anchor, Recent."""
+
 
 @dataclass
 class ConversionStats:
@@ -27,6 +32,10 @@ class MinimaStats:
     promote: ConversionStats = dataclasses.field(default_factory=ConversionStats)
     pressure_retier_pages: int = 0
     """Pages converted at allocation time because no hot page was free (included in retier)."""
+    pressure_retier_tiers: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(PRESSURE_TIERS, 0))
+    """The same pages by what they were when converted (``PRESSURE_TIERS``): cached and Stale pages
+    cost nothing the tick would not have spent; deferred ones are a prompt's pages its own later
+    chunks then read as TQ3; Anchor and Recent ones are what the policy meant to keep FP8."""
     allocation_syncs: int = 0
     """Device syncs an allocation waited on (reserve_hot: the pending conversions and the quarantine
     freed at once, and each pressure conversion's publish): host stalls between forwards."""
@@ -50,6 +59,12 @@ class MinimaStats:
     prefix_hit_tq3_pages: int = 0
     window_anchor_pages: int = 0
     """Pages the observation window pinned as Anchors when requests' prefills ended (--minima-anchor-window)."""
+
+    def note_pressure(self, tiers: dict[str, int]) -> None:
+        """Pages the pressure path converted, by ``PRESSURE_TIERS`` name."""
+        for tier, n in tiers.items():
+            self.pressure_retier_tiers[tier] += n
+            self.pressure_retier_pages += n
 
     def note_scratch_bytes(self, nbytes: int) -> None:
         self.peak_scratch_bytes = max(self.peak_scratch_bytes, nbytes)

@@ -12,7 +12,8 @@ Counters fed with the increase since the last update. Names:
   since start, quarantined ones included: a workload's need against ``--minima-fp8-page-fraction``'s split
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
   ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
-  (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total``
+  (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total{tier}``
+  (tier cached, stale, deferred, anchor, recent: what a page converted for want of a free hot page was)
 - ``sglang:minima_allocation_syncs_total``: device syncs an allocation waited on (no free hot page: the
   quarantine freed at once, a pressure conversion published at once), host stalls between forwards
 - ``sglang:minima_route_pages_total{format}``, ``sglang:minima_route_tokens_total{format}`` (format hot/tq3;
@@ -96,7 +97,9 @@ class MinimaMetrics:
         self.conversion_pages = counter("conversion_pages", "Pages converted.", ("direction",))
         self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
         self.conversion_failed_pages = counter("conversion_failed_pages", "Pages whose conversion failed.", ("direction",))
-        self.pressure_retier_pages = counter("pressure_retier_pages", "Pages converted because no hot page was free.")
+        self.pressure_retier_pages = counter(
+            "pressure_retier_pages", "Pages converted because no hot page was free, by what they were.", ("tier",)
+        )
         self.allocation_syncs = counter(
             "allocation_syncs", "Device syncs an allocation waited on (the quarantine, a pressure conversion's publish)."
         )
@@ -135,7 +138,8 @@ class MinimaMetrics:
             self._advance(self.conversion_pages, conv.pages, direction=direction)
             self._advance(self.conversion_seconds, conv.seconds, direction=direction)
             self._advance(self.conversion_failed_pages, conv.failed_pages, direction=direction)
-        self._advance(self.pressure_retier_pages, stats.pressure_retier_pages)
+        for tier, pages in stats.pressure_retier_tiers.items():
+            self._advance(self.pressure_retier_pages, pages, tier=tier)
         self._advance(self.allocation_syncs, stats.allocation_syncs)
         for fmt, pages, tokens, hits in (
             ("hot", stats.route_hot_pages, stats.route_hot_tokens, stats.prefix_hit_hot_pages),
