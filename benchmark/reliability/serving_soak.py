@@ -582,7 +582,9 @@ def write(result: dict, out: Path) -> None:
         "| path | counter | increase |", "|---|---|---|",
         *[f"| {k} | `{COUNTERS[k][0]}{{{COUNTERS[k][1]}}}` | {v:g} |" for k, v in result["counters"].items()],
         "", f"Minima stats at the end: {s['retier']['batches']} conversion batches / {s['retier']['pages']} pages "
-        f"({s['pressure_retier_pages']} under allocation pressure), {s['promote']['batches']} promotion batches / "
+        f"({s['pressure_retier_pages']} under allocation pressure: "
+        f"{', '.join(f'{n} {tier}' for tier, n in s.get('pressure_retier_tiers', {}).items())}), "
+        f"{s['promote']['batches']} promotion batches / "
         f"{s['promote']['pages']} pages, {s['route_tq3_pages']} TQ3 and {s['route_hot_pages']} FP8 page reads, "
         f"{s['prefix_hit_tq3_pages']} TQ3 / {s['prefix_hit_hot_pages']} FP8 prefix-hit pages, "
         f"peak scratch {s['peak_scratch_bytes']} bytes, {s['fallbacks']} fallbacks.", "",
