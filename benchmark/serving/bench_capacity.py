@@ -110,9 +110,10 @@ COUNTERS = {
     "converted": lambda s: s["retier"]["pages"],
     "promoted": lambda s: s["promote"]["pages"],
     "pressure_converted": lambda s: s["pressure_retier_pages"],
-    # what those were (MinimaStats.pressure_retier_tiers): due anyway, a prompt's deferred pages, or
-    # pages the policy keeps FP8 (Anchor, Recent)
-    "pressure_due": lambda s: s["pressure_retier_tiers"]["cached"] + s["pressure_retier_tiers"]["stale"],
+    # what those were (MinimaStats.pressure_retier_tiers): Stale (due anyway), cached, a prompt's
+    # deferred pages, or pages the policy keeps FP8 (Anchor, Recent)
+    "pressure_stale": lambda s: s["pressure_retier_tiers"]["stale"],
+    "pressure_cached": lambda s: s["pressure_retier_tiers"]["cached"],
     "pressure_deferred": lambda s: s["pressure_retier_tiers"]["deferred"],
     "pressure_kept": lambda s: s["pressure_retier_tiers"]["anchor"] + s["pressure_retier_tiers"]["recent"],
     "allocation_syncs": lambda s: s["allocation_syncs"],
@@ -387,7 +388,7 @@ def _converted(c: dict) -> str:
         return "-"
     if "pressure_kept" not in c:  # a result written before the breakdown
         return str(c["converted"])
-    return f"{c['converted']} ({c['pressure_due']} / {c['pressure_deferred']} / {c['pressure_kept']})"
+    return f"{c['converted']} ({c['pressure_stale']} / {c['pressure_cached']} / {c['pressure_deferred']} / {c['pressure_kept']})"
 
 
 def render(results: list[ArmResult]) -> str:
@@ -396,7 +397,7 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | median / p99 ITL ms | decode step ms @ rows (best window / median) "
-        "| converted (under pressure: cached or Stale / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
+        "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "
         "| peak hot pages held / hot pages |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",

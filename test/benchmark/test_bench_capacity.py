@@ -58,8 +58,8 @@ canary_flags = vars(bc.parse_args(["--canary", "--output-len", "64", "--server-a
 scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "counters": {"peak_scratch_mib": 64.0}}),
                      bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__,
                                      "counters": {"peak_scratch_mib": 63.0, "scratch_reserve_mib": 64.0,
-                                                 "peak_hot_pages": "40 / 2148", "converted": 90, "pressure_due": 7,
-                                                 "pressure_deferred": 2, "pressure_kept": 1}})])
+                                                 "peak_hot_pages": "40 / 2148", "converted": 90, "pressure_stale": 6,
+                                                 "pressure_cached": 1, "pressure_deferred": 2, "pressure_kept": 1}})])
 itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5})])
 import http.server, threading
 seen = []
@@ -137,7 +137,7 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 |")  # a server that reports them
     # conversions, and those made for want of a free hot page by what they were ("-": not a Minima
     # server; the total alone: a result written before the breakdown)
-    assert got["scratch"].splitlines()[3].split("|")[18].strip() == "90 (7 / 2 / 1)"
+    assert got["scratch"].splitlines()[3].split("|")[18].strip() == "90 (6 / 1 / 2 / 1)"
     assert got["scratch"].splitlines()[2].split("|")[18].strip() == "-"
     # --canary: #16's (b) workload, the context room for the prompt and its output, other flags kept
     c = got["canary"]

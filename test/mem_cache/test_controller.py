@@ -186,7 +186,7 @@ def test_pressure_converts_cached_then_anchor_then_recent_never_the_tail():
     assert store.page_table.fmt[seq].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT]
     assert not ctl.reserve_hot(6)  # page 5 is being written
     assert store.stats.pressure_retier_pages == 4
-    assert store.stats.pressure_retier_tiers == {"cached": 1, "stale": 0, "deferred": 0, "anchor": 1, "recent": 2}
+    assert store.stats.pressure_retier_tiers == {"stale": 0, "cached": 1, "deferred": 0, "anchor": 1, "recent": 2}
     # one device sync per converting call (its publish); the refused one had nothing in flight
     assert store.stats.allocation_syncs == 3
 
@@ -227,26 +227,30 @@ def test_defer_prefill_conversion_keeps_a_prefilling_request_hot_until_its_prefi
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
 
 
-def test_pressure_takes_stale_pages_before_those_the_deferral_keeps_hot():
-    """A decoding request's Stale page the tick has not reached goes before an older prompt's deferred
-    pages (the tick would convert it anyway; the prompt's later chunks would read those as TQ3), and
-    each is counted as what it was."""
-    store = make_store(num_logical=16, num_hot=8)
+def test_pressure_takes_stale_then_cached_then_deferred_pages():
+    """A decoding request's Stale page the tick has not reached goes first (the tick would convert it
+    anyway), then a cached page (a prefix hit would read it as TQ3), then an older prompt's deferred
+    pages (its own later chunks would); each is counted as what it was."""
+    store = make_store(num_logical=16, num_hot=9)
     ctl = LifecycleController(
         store, MinimaConfig(recent_pages=1, sink_pages=1, defer_prefill_conversion=True, retier_batch_pages=1)
     )
     chunked = _request(store, [1, 2, 3, 4])  # between two chunks of its prefill
     decoding = _request(store, [5, 6, 7, 8])
+    cached = _request(store, [9])  # held by the tree only
     ctl.tick([chunked, decoding], prefilling=[True, False])  # one page a tick: 6 converts, 7 waits
     assert store.page_table.fmt[decoding].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT, FMT_HOT]
     store.drain_quarantine()
     assert ctl.reserve_hot(store.hot_pool.num_free + 1)
     assert store.page_table.fmt[decoding].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
+    assert store.page_table.fmt[cached].item() == FMT_HOT
+    assert ctl.reserve_hot(store.hot_pool.num_free + 1)
+    assert store.page_table.fmt[cached].item() == FMT_TQ3
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT] * 4
     assert ctl.reserve_hot(store.hot_pool.num_free + 2)  # then the prompt's, oldest first
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
-    assert store.stats.pressure_retier_tiers == {"cached": 0, "stale": 1, "deferred": 2, "anchor": 0, "recent": 0}
-    assert store.stats.pressure_retier_pages == 3 and store.reference_mismatches() == 0
+    assert store.stats.pressure_retier_tiers == {"stale": 1, "cached": 1, "deferred": 2, "anchor": 0, "recent": 0}
+    assert store.stats.pressure_retier_pages == 4 and store.reference_mismatches() == 0
 
 
 def test_without_defer_prefill_conversion_a_prefilling_request_converts_at_once():

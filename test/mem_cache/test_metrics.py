@@ -146,10 +146,10 @@ def test_pressure_conversions_reach_the_exported_text_by_tier():
     store.map_new(seq)
     write_tokens(store, torch.arange(2 * PS, 5 * PS - 1), *random_kv(3 * PS - 1))
     store.page_table.tier.copy_(ctl.classify([seq]))  # the tiers, without the tick's conversions
-    assert ctl.reserve_hot(3)  # the cached page, then the sink (an Anchor); page 3 is Stale and goes between
+    assert ctl.reserve_hot(3)  # the Stale page 3, the cached page, then the sink (an Anchor)
     metrics.update(memory_report(store), store.stats)
     gained = {t: _exported_tier(name, t) - before[t] for t in before}
-    assert gained == {"cached": 1, "stale": 1, "deferred": 0, "anchor": 1, "recent": 0}
+    assert gained == {"stale": 1, "cached": 1, "deferred": 0, "anchor": 1, "recent": 0}
 
 
 def _exported_tier(name: str, tier: str) -> float:

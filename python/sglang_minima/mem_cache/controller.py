@@ -13,9 +13,9 @@ A page held by several requests takes its highest tier. A page held by no live r
 prefix) keeps its format: FP8 pages nobody needs cost nothing, and a prefix hit may want them
 again. ``tick`` runs once per scheduler step: it first publishes the conversions whose copy is
 done, then launches one batched FP8->TQ3 conversion of sealed Stale pages (with ``defer_prefill_conversion``, none held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
-``reserve_hot`` converts synchronously (waiting for the copy) when an allocation finds no free FP8 page: cached
-and Stale pages first, then the Stale pages the deferral keeps hot, then Anchor, then Recent, oldest
-first; never a page being written. It counts them by what they were (``MinimaStats.pressure_retier_tiers``).
+``reserve_hot`` converts synchronously (waiting for the copy) when an allocation finds no free FP8 page: Stale
+pages first (the next tick converts them anyway), then cached ones, then the Stale pages the deferral
+keeps hot, then Anchor, then Recent, oldest first; never a page being written. It counts them by what they were (``MinimaStats.pressure_retier_tiers``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ from sglang_minima.mem_cache.tier_store import TieredPageStore
 from sglang_minima.ops.host_copy import to_device
 
 _TIER_STRIDE = 1 << 40  # sort key tier * stride + birth step: tiers first, then age
+# The pressure path's order by tier (PRESSURE_TIERS' index): a Stale page converts at the next tick
+# anyway, a cached one keeps its format for the prefix hits that may come (taken second)
+_PRESSURE_INDEX = torch.tensor([0] * (max(TIER_NONE, TIER_STALE, TIER_ANCHOR, TIER_RECENT) + 1))
+_PRESSURE_INDEX[[TIER_STALE, TIER_NONE, TIER_ANCHOR, TIER_RECENT]] = torch.tensor([0, 1, 3, 4])
 
 
 class LifecycleController:
@@ -239,10 +243,9 @@ class LifecycleController:
         pt = self.store.page_table
         pages = torch.nonzero(mask).flatten()
         tier = pt.tier[pages].to(torch.int64)
-        # cached 0, Stale 1, deferred Stale 2, Anchor 3, Recent 4
-        index = tier + (tier >= TIER_ANCHOR).to(torch.int64)
-        if self._deferred is not None:
-            index = index + ((tier == TIER_STALE) & self._deferred[pages]).to(torch.int64)
+        index = _PRESSURE_INDEX.to(tier.device)[tier]  # Stale 0, cached 1, Anchor 3, Recent 4
+        if self._deferred is not None:  # deferred Stale 2
+            index = torch.where((tier == TIER_STALE) & self._deferred[pages], 2, index)
         order = torch.argsort(index * _TIER_STRIDE + pt.birth[pages], stable=True)
         return pages[order], index[order]
 

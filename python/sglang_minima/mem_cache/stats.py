@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-PRESSURE_TIERS = ("cached", "stale", "deferred", "anchor", "recent")
-"""What a page the pressure path converts was, in the order it takes them: held by no live request,
-Stale, Stale but kept hot until its request's prefill ends (``--minima-defer-prefill-conversion``, or
-its observation window, ``--minima-anchor-window``), Anchor, Recent."""
+PRESSURE_TIERS = ("stale", "cached", "deferred", "anchor", "recent")
+"""What a page the pressure path converts was, in the order it takes them: Stale, held by no live
+request, Stale but kept hot until its request's prefill ends (``--minima-defer-prefill-conversion``,
+or its observation window, ``--minima-anchor-window``), Anchor, Recent."""
 
 
 @dataclass
@@ -33,9 +33,10 @@ class MinimaStats:
     pressure_retier_pages: int = 0
     """Pages converted at allocation time because no hot page was free (included in retier)."""
     pressure_retier_tiers: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(PRESSURE_TIERS, 0))
-    """The same pages by what they were when converted (``PRESSURE_TIERS``): cached and Stale pages
-    cost nothing the tick would not have spent; deferred ones are a prompt's pages its own later
-    chunks then read as TQ3; Anchor and Recent ones are what the policy meant to keep FP8."""
+    """The same pages by what they were when converted (``PRESSURE_TIERS``): Stale ones cost nothing
+    the next tick would not have spent; cached ones are read as TQ3 by the prefix hits that come;
+    deferred ones are a prompt's pages its own later chunks then read as TQ3; Anchor and Recent ones
+    are what the policy meant to keep FP8."""
     allocation_syncs: int = 0
     """Device syncs an allocation waited on (reserve_hot: the pending conversions and the quarantine
     freed at once, and each pressure conversion's publish): host stalls between forwards."""
