@@ -61,6 +61,12 @@ class MinimaConfig:
         "Keep a request's own pages hot until its prefill has ended, so later prefill chunks never read "
         "its prompt's TQ3 pages; they are still converted when an allocation finds no free hot page.",
     )
+    strict_hot_admission: bool = _option(
+        False,
+        "Prefill admission counts only the hot pages it can free without converting a live request's Anchor "
+        "or Recent pages: a new prompt waits for hot pages instead of taking a running request's FP8 pages. "
+        "A running request's next decode page may still convert them.",
+    )
     retier_batch_pages: int = _option(
         64, "Most pages converted (or promoted) in one batched conversion between steps."
     )

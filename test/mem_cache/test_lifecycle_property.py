@@ -61,8 +61,8 @@ class Lifecycle(RuleBasedStateMachine):
     pressure_orders_checked = 0  # pressure conversions that left some convertible pages hot (order checked)
 
     @initialize(anchors=st.integers(0, 3), fill=st.sampled_from(["age", "score", "window"]), hold=st.booleans(),
-                tick_pages=st.sampled_from([1, 3]), defer=st.booleans())
-    def setup(self, anchors, fill, hold=False, tick_pages=1, defer=True):
+                tick_pages=st.sampled_from([1, 3]), defer=st.booleans(), strict=st.booleans())
+    def setup(self, anchors, fill, hold=False, tick_pages=1, defer=True, strict=False):
         self.stream = HeldConversionStream(hold)  # hold: conversions stay pending until copies_finish
         self.store = make_store(NUM_LOGICAL, NUM_HOT, stream=self.stream)
         # Forwards in flight, by the (format, physical page, logical page) they read: those planned
@@ -82,7 +82,8 @@ class Lifecycle(RuleBasedStateMachine):
             self.store,
             MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=anchors, attention_score_anchors=fill == "score",
                          anchor_window=PS if fill == "window" and anchors else 0,
-                         retier_batch_pages=3, tick_min_new_pages=tick_pages, defer_prefill_conversion=defer),
+                         retier_batch_pages=3, tick_min_new_pages=tick_pages, defer_prefill_conversion=defer,
+                         strict_hot_admission=strict),
         )
         self.free_logical = list(range(1, NUM_LOGICAL + 1))
         self.reqs: dict[int, Request] = {}
@@ -97,6 +98,9 @@ class Lifecycle(RuleBasedStateMachine):
         # Admission's promise (HotPageBudget counts every sealed hot page as reachable, and SGLang
         # frees logical room first): both together suffice, however full the TQ3 region is.
         admissible = n <= len(self.free_logical) and n <= self.ctl.hot_reachable()
+        # --minima-strict-hot-admission's promise: what it admits converts no Anchor or Recent page
+        strict = n <= len(self.free_logical) and n <= self.ctl.hot_reachable(admission=True)
+        tiers_before = dict(self.store.stats.pressure_retier_tiers)
         pt = self.store.page_table
         sealed = torch.nonzero(self.store.hot_convertible() & ~self.store.converting.bool()).flatten()
         tiers = pt.tier[sealed].clone()
@@ -108,6 +112,9 @@ class Lifecycle(RuleBasedStateMachine):
         if converted.any() and (~converted).any():
             type(self).pressure_orders_checked += 1
             assert group[converted].max() <= group[~converted].min(), (tiers[converted], tiers[~converted])
+        if strict and self.ctl.config.strict_hot_admission:
+            after = self.store.stats.pressure_retier_tiers
+            assert (after["anchor"], after["recent"]) == (tiers_before["anchor"], tiers_before["recent"])
         if not ok:
             assert not admissible, (n, len(self.free_logical), self.store.tq3_pool.num_free)
             return None
@@ -469,6 +476,27 @@ def test_the_machine_checks_the_pressure_order():
     req = machine.reqs[0].pages
     assert machine.store.page_table.fmt[req].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT, FMT_HOT, FMT_HOT]
     assert machine.store.stats.pressure_retier_tiers["deferred"] == 1
+    machine._free_pages(pages)
+    machine.no_leaked_or_doubly_freed_page()
+    machine.teardown()
+
+
+def test_the_machine_checks_strict_admission():
+    """The strict admission's check has something to check: with a prompt's sink, two deferred Stale
+    and two Recent pages hot, admission counts the free pages and the two Stale ones; one page more
+    than that converts the sink, which only the pressure path may do, not an admission."""
+    machine = Lifecycle()
+    machine.setup(anchors=0, fill="age", defer=True, strict=True)
+    machine.new_request(5 * PS, prefilling=True)
+    machine.step()
+    assert machine.ctl.hot_reachable() == NUM_HOT and machine.ctl.hot_reachable(admission=True) == NUM_HOT - 3
+    pages = machine._alloc_pages(NUM_HOT - 3)  # admissible: the Stale pages convert, nothing else
+    assert pages is not None and machine.store.stats.pressure_retier_tiers["deferred"] == 2
+    machine._free_pages(pages)
+    machine.step()
+    machine.step()  # the freed pages leave the quarantine
+    pages = machine._alloc_pages(NUM_HOT - 2)  # past it: the sink goes
+    assert pages is not None and machine.store.stats.pressure_retier_tiers["anchor"] == 1
     machine._free_pages(pages)
     machine.no_leaked_or_doubly_freed_page()
     machine.teardown()

@@ -169,6 +169,34 @@ def test_spent_hot_pages_defer_admission_to_the_next_step(monkeypatch, first_pag
     idle_invariant(t)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_strict_hot_admission_waits_instead_of_taking_a_running_requests_fp8_pages(monkeypatch, strict):
+    """A running request holds every hot page but one (a sink and two Recent pages, one of them being
+    written). A two-page prompt fits only by converting its sink: admitted that way by default, held
+    back with --minima-strict-hot-admission (no chunk this step, nothing converted) until the running
+    request leaves and its pages, cached now, may convert."""
+    t = build(monkeypatch, recent_pages=2, sink_pages=1, fp8_page_fraction=0.25, strict_hot_admission=strict)
+    running = [prefill(t, "r", list(range(1, 3 * PS + 2)))]  # sink, Stale, Recent, Recent (partial)
+    for _ in range(3):  # the tick converts the Stale page; its source leaves the quarantine
+        t.cache.flush_pending_backups()
+    store = t.pool.store
+    assert store.hot_pool.num_free == 1 and t.pool.lifecycle.hot_reachable() == 3
+    assert t.pool.lifecycle.hot_reachable(admission=True) == (1 if strict else 3)
+    q = new_req("q", list(range(100, 100 + PS + 1)))
+    if strict:
+        assert admission_pass(t, running, [q]) == ([], False)
+        assert t.pool.stats.prefill_hot_deferrals == 1 and store.stats.pressure_retier_pages == 0
+        release(t, running.pop())
+        t.cache.flush_pending_backups()
+    assert admission_pass(t, running, [q]) == (["q"], False)
+    running.append(prefill(t, "q", list(q.origin_input_ids)))
+    kept = store.stats.pressure_retier_tiers["anchor"] + store.stats.pressure_retier_tiers["recent"]
+    assert kept == (0 if strict else 1) and store.reference_mismatches() == 0
+    for req in running:
+        release(t, req)
+    idle_invariant(t)
+
+
 def test_full_tq3_region_admits_what_the_logical_pool_holds(monkeypatch):
     """The state pilot 6 was seen in: TQ3 region full, 2 FP8 pages free, cached FP8 pages (converting
     one needs a free TQ3 page). Admission may count those as reachable: SGLang evicts the prefix

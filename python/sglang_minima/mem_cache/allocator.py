@@ -97,5 +97,5 @@ class MinimaPagedAllocator(PagedTokenToKVPoolAllocator):
     def create_prefill_budget(self, tree_cache, *, num_mixed_decode_tokens: int = 0) -> HotPageBudget:
         return HotPageBudget(
             self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens,
-            hot_tokens=self.controller.hot_reachable() * self.page_size, stats=self.kv_pool.stats,
+            hot_tokens=self.controller.hot_reachable(admission=True) * self.page_size, stats=self.kv_pool.stats,
         )

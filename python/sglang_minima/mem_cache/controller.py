@@ -207,14 +207,18 @@ class LifecycleController:
         if key is not None and not (self.config.attention_score_anchors and self.config.anchor_pages > 0):
             self._settled = (key, self._store_state())
 
-    def hot_reachable(self) -> int:
+    def hot_reachable(self, *, admission: bool = False) -> int:
         """Hot pages an allocation can get: free and quarantined ones (``reserve_hot`` frees the
         quarantine), those only pending conversions hold (it publishes them first) plus sealed ones
-        a conversion would free."""
+        a conversion would free. For prefill ``admission`` (``HotPageBudget``) with
+        ``strict_hot_admission``, not the sealed ones the last tick kept FP8 for a live request
+        (Anchor, Recent): admitting a prompt then never converts them."""
         store = self.store
         hot = store.hot_pool
-        return (hot.num_free + hot.num_quarantined + store.held_by_conversions(hot)
-                + int(store.hot_convertible().sum()))
+        convertible = store.hot_convertible()
+        if admission and self.config.strict_hot_admission:
+            convertible &= store.page_table.tier < TIER_ANCHOR
+        return hot.num_free + hot.num_quarantined + store.held_by_conversions(hot) + int(convertible.sum())
 
     def reserve_hot(self, num_pages: int) -> bool:
         """Make ``num_pages`` hot pages free for an allocation; False if that is impossible.

@@ -3,6 +3,9 @@
 New KV always lands on FP8 pages, and pages being written cannot be converted, so one step can
 admit at most the FP8 pages that are free or freeable by conversion, whatever the logical room.
 
+With ``--minima-strict-hot-admission`` the freeable ones exclude the pages the last tick kept FP8
+for a live request (Anchor, Recent): admitting a prompt then never converts them.
+
 That bound is per step: the pages admitted now are sealed, so convertible, by the next step, with
 no request leaving. SGLang reads a refused admission (``NO_TOKEN``) as "the pool is full until a
 running request leaves" and admits nothing more until one does (``running_batch.batch_is_full``),
