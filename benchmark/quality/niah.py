@@ -147,6 +147,8 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("minima-lmv", "sglang_minima.launch_server", ("--minima-value-code", "lloyd-max")),
         ArmSpec("minima-v4", "sglang_minima.launch_server", ("--minima-value-bits", "4")),
         ArmSpec("minima-native", "sglang_minima.launch_server", ("--attention-backend", "minima_native")),
+        # the defaults with prefill admission that never converts a live request's sink or Recent pages
+        ArmSpec("minima-strict", "sglang_minima.launch_server", ("--minima-strict-hot-admission",)),
     )
 } | {
     a.name: _pinned(a)
@@ -220,8 +222,11 @@ def minima_stats(url: str) -> dict[str, int] | None:
     if not minima or not minima.get("active"):
         return None
     stats = minima["stats"]
+    # the pages converted for want of a free hot page, by what they were (a sink or Recent page
+    # converted under pressure is the policy's FP8 page given up: the pool, not the policy, decided)
+    tiers = {f"pressure_{tier}_pages": int(n) for tier, n in stats.get("pressure_retier_tiers", {}).items()}
     return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"]),
-                                                    "pressure_retier_pages": int(stats["pressure_retier_pages"])}
+                                                    "pressure_retier_pages": int(stats["pressure_retier_pages"])} | tiers
 
 
 def stats_delta(prev: dict[str, int] | None, cur: dict[str, int] | None) -> dict[str, int] | None:

@@ -25,16 +25,17 @@ from typing import Hashable, Sequence
 import torch
 
 from sglang_minima.config import MinimaConfig
-from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NONE, TIER_RECENT, TIER_STALE
+from sglang_minima.mem_cache.page_table import (
+    FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_NAMES, TIER_NONE, TIER_RECENT, TIER_STALE,
+)
 from sglang_minima.mem_cache.stats import PRESSURE_TIERS
 from sglang_minima.mem_cache.tier_store import TieredPageStore
 from sglang_minima.ops.host_copy import to_device
 
 _TIER_STRIDE = 1 << 40  # sort key tier * stride + birth step: tiers first, then age
-# The pressure path's order by tier (PRESSURE_TIERS' index): a Stale page converts at the next tick
-# anyway, a cached one keeps its format for the prefix hits that may come (taken second)
-_PRESSURE_INDEX = torch.tensor([0] * (max(TIER_NONE, TIER_STALE, TIER_ANCHOR, TIER_RECENT) + 1))
-_PRESSURE_INDEX[[TIER_STALE, TIER_NONE, TIER_ANCHOR, TIER_RECENT]] = torch.tensor([0, 1, 3, 4])
+# The pressure path's order: each tier's place in PRESSURE_TIERS (whose names are the tiers', and
+# "deferred": Stale pages the deferral keeps hot)
+_PRESSURE_INDEX = torch.tensor([PRESSURE_TIERS.index(TIER_NAMES[t]) for t in range(len(TIER_NAMES))])
 
 
 class LifecycleController:
@@ -247,9 +248,9 @@ class LifecycleController:
         pt = self.store.page_table
         pages = torch.nonzero(mask).flatten()
         tier = pt.tier[pages].to(torch.int64)
-        index = _PRESSURE_INDEX.to(tier.device)[tier]  # Stale 0, cached 1, Anchor 3, Recent 4
-        if self._deferred is not None:  # deferred Stale 2
-            index = torch.where((tier == TIER_STALE) & self._deferred[pages], 2, index)
+        index = _PRESSURE_INDEX.to(tier.device)[tier]
+        if self._deferred is not None:
+            index = torch.where((tier == TIER_STALE) & self._deferred[pages], PRESSURE_TIERS.index("deferred"), index)
         order = torch.argsort(index * _TIER_STRIDE + pt.birth[pages], stable=True)
         return pages[order], index[order]
 
