@@ -68,7 +68,9 @@ class MinimaConfig:
         "A running request's next decode page may still convert them.",
     )
     retier_batch_pages: int = _option(
-        64, "Most pages converted (or promoted) in one batched conversion between steps."
+        64,
+        "Pages converted (or promoted) in one batched conversion between steps: this many, or as many as were "
+        "allocated since the last one where that is more (conversions keep pace with a wave of prompts).",
     )
     tick_min_new_pages: int = _option(
         1,

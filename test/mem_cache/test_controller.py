@@ -64,6 +64,7 @@ def test_tick_converts_sealed_stale_pages_oldest_first_in_batches():
     store = make_store(num_logical=16, num_hot=8)
     ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, retier_batch_pages=2))
     seq = _request(store, [1, 2, 3, 4, 5, 6], tokens=6 * PS - 1)  # last page still being written
+    ctl.tick([])  # allocated before this tick: the next converts a batch, not the pages allocated since
     ctl.tick([seq])
     assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT, FMT_HOT]
     ctl.tick([seq])
@@ -238,7 +239,8 @@ def test_pressure_takes_stale_then_cached_then_deferred_pages():
     chunked = _request(store, [1, 2, 3, 4])  # between two chunks of its prefill
     decoding = _request(store, [5, 6, 7, 8])
     cached = _request(store, [9])  # held by the tree only
-    ctl.tick([chunked, decoding], prefilling=[True, False])  # one page a tick: 6 converts, 7 waits
+    ctl.tick([])  # (allocated before the last tick: one page a tick from here)
+    ctl.tick([chunked, decoding], prefilling=[True, False])  # 6 converts, 7 waits
     assert store.page_table.fmt[decoding].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT, FMT_HOT]
     store.drain_quarantine()
     assert ctl.reserve_hot(store.hot_pool.num_free + 1)
@@ -251,6 +253,25 @@ def test_pressure_takes_stale_then_cached_then_deferred_pages():
     assert store.page_table.fmt[chunked].tolist() == [FMT_HOT, FMT_TQ3, FMT_TQ3, FMT_HOT]
     assert store.stats.pressure_retier_tiers == {"stale": 1, "cached": 1, "deferred": 2, "anchor": 0, "recent": 0}
     assert store.stats.pressure_retier_pages == 4 and store.reference_mismatches() == 0
+
+
+def test_a_tick_converts_as_many_pages_as_were_allocated_since_the_last_one():
+    """A wave of new pages is converted by the next tick, past retier_batch_pages (conversions keep
+    pace with allocations instead of leaving them to the pressure path); Stale pages that no allocation
+    brought (a prefill that ended) convert retier_batch_pages a tick."""
+    store = make_store(num_logical=32, num_hot=16)
+    ctl = LifecycleController(
+        store, MinimaConfig(recent_pages=1, sink_pages=1, defer_prefill_conversion=True, retier_batch_pages=2)
+    )
+    wave = _request(store, list(range(1, 9)))  # 8 new pages: a sink, 6 Stale, 1 Recent
+    chunked = _request(store, list(range(9, 15)))  # 6 more, in prefill: deferred
+    ctl.tick([wave, chunked], prefilling=[False, True])
+    assert store.page_table.fmt[wave].tolist() == [FMT_HOT] + [FMT_TQ3] * 6 + [FMT_HOT]
+    assert store.stats.retier.pages == 6
+    ctl.tick([wave, chunked], prefilling=[False, False])  # its prefill ended: 4 Stale pages, none allocated
+    assert store.stats.retier.pages == 8
+    ctl.tick([wave, chunked], prefilling=[False, False])
+    assert store.stats.retier.pages == 10 and store.page_table.fmt[chunked].tolist() == [FMT_HOT] + [FMT_TQ3] * 4 + [FMT_HOT]
 
 
 def test_without_defer_prefill_conversion_a_prefilling_request_converts_at_once():
@@ -330,6 +351,7 @@ def test_ticks_wait_for_new_pages_but_not_for_new_requests_publishing_or_a_short
     bctl = LifecycleController(backlog, MinimaConfig(recent_pages=1, sink_pages=0, retier_batch_pages=2,
                                                      tick_min_new_pages=4))
     long = _request(backlog, [1, 2, 3, 4, 5, 6])  # five Stale pages, two converted a tick
+    bctl.tick([])  # (allocated before the last tick)
     bctl.tick([long])
     bctl.ticked(a, 6)
     assert backlog.stats.retier.pages == 2 and bctl.due(a, 6)

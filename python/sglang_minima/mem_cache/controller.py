@@ -12,7 +12,9 @@ Per live request (its logical pages in sequence order):
 A page held by several requests takes its highest tier. A page held by no live request (a cached
 prefix) keeps its format: FP8 pages nobody needs cost nothing, and a prefix hit may want them
 again. ``tick`` runs once per scheduler step: it first publishes the conversions whose copy is
-done, then launches one batched FP8->TQ3 conversion of sealed Stale pages (with ``defer_prefill_conversion``, none held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
+done, then launches one batched FP8->TQ3 conversion of sealed Stale pages (``retier_batch_pages``,
+or as many as were allocated since the last tick if more; with ``defer_prefill_conversion``, none
+held by a request still in prefill), then promotion of TQ3 pages that re-entered Recent/Anchor while FP8 pages are spare.
 ``reserve_hot`` converts synchronously (waiting for the copy) when an allocation finds no free FP8 page: Stale
 pages first (the next tick converts them anyway), then cached ones, then the Stale pages the deferral
 keeps hot, then Anchor, then Recent, oldest first; never a page being written. It counts them by what they were (``MinimaStats.pressure_retier_tiers``).
@@ -49,6 +51,7 @@ class LifecycleController:
         self._window_anchors: dict[Hashable, tuple[torch.Tensor, torch.Tensor]] = {}
         self._new_pins: list[torch.Tensor] = []  # this tick's picks, counted in the tick's one device read
         self._deferred: torch.Tensor | None = None  # bool by logical page: the last tick's deferred pages
+        self._mapped_at_tick = 0  # the store's mapped_pages at the last tick
 
     def settled(self, key: Hashable) -> bool:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
@@ -152,8 +155,13 @@ class LifecycleController:
         self._deferred = deferred
         stale &= ~deferred
         sealed = pt.sealed
-        converted = store.retier(self._order(stale & sealed, demote=True)[: p.retier_batch_pages])
-        self._backlog = converted >= p.retier_batch_pages
+        # At least as many pages as were allocated since the last tick: conversions keep pace with a
+        # wave of prompts on the conversion stream, instead of leaving the backlog to the allocation's
+        # pressure path (a synchronous conversion and a device sync between forwards).
+        limit = max(p.retier_batch_pages, store.mapped_pages - self._mapped_at_tick)
+        self._mapped_at_tick = store.mapped_pages
+        converted = store.retier(self._order(stale & sealed, demote=True)[:limit])
+        self._backlog = converted >= limit
         spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
         wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)
         # One device read for all: TQ3 pages to promote, Stale pages a forward is still filling, new pins.

@@ -191,6 +191,7 @@ class TieredPageStore:
         self.tq3_pool = PhysicalPagePool(shape.num_tq3_pages, "tq3", self._poison_tq3 if debug_poison else None)
         self.epoch = 0  # scheduler steps ended (end_step)
         self.version = 0  # mapping changes (map, unmap, conversions): LifecycleController.settled reads it
+        self.mapped_pages = 0  # logical pages mapped since start: the allocations the tick's conversions keep pace with
         self.stats = MinimaStats()
         self.window_ends: dict[int, int] = {}  # anchor_window: req_pool_idx -> where its last window ended
         self.device_routes = DeviceRouteCounter(self.device)  # what CUDA-graph steps read (counted in the graph)
@@ -262,6 +263,7 @@ class TieredPageStore:
             )
         self.page_table.map(pages.to(self.device), FMT_HOT, phys.to(self.device), self.step)
         self.version += 1
+        self.mapped_pages += pages.numel()
 
     def unmap(self, pages: torch.Tensor) -> None:
         """SGLang freed these logical pages: drop each one's mapping reference."""
