@@ -69,8 +69,9 @@ class MinimaConfig:
     )
     retier_batch_pages: int = _option(
         64,
-        "Pages converted (or promoted) in one batched conversion between steps: this many, or as many as were "
-        "allocated since the last one where that is more (conversions keep pace with a wave of prompts).",
+        "Pages converted to TQ3 between steps: this many, or as many as were allocated since the last time where "
+        "that is more (conversions keep pace with a wave of prompts), launched this many at a time; pages "
+        "promoted back: at most this many.",
     )
     tick_min_new_pages: int = _option(
         1,

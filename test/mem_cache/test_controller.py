@@ -267,11 +267,34 @@ def test_a_tick_converts_as_many_pages_as_were_allocated_since_the_last_one():
     chunked = _request(store, list(range(9, 15)))  # 6 more, in prefill: deferred
     ctl.tick([wave, chunked], prefilling=[False, True])
     assert store.page_table.fmt[wave].tolist() == [FMT_HOT] + [FMT_TQ3] * 6 + [FMT_HOT]
-    assert store.stats.retier.pages == 6
+    assert store.stats.retier.pages == 6 and store.stats.retier.batches == 3  # launched a batch at a time
     ctl.tick([wave, chunked], prefilling=[False, False])  # its prefill ended: 4 Stale pages, none allocated
     assert store.stats.retier.pages == 8
     ctl.tick([wave, chunked], prefilling=[False, False])
     assert store.stats.retier.pages == 10 and store.page_table.fmt[chunked].tolist() == [FMT_HOT] + [FMT_TQ3] * 4 + [FMT_HOT]
+
+
+def test_strict_admission_does_not_count_the_hot_pages_a_pending_promotion_will_map():
+    """Two requests come to share three pages that are TQ3: the tick promotes two of them (they are
+    Anchors now), and while that copy is pending its destinations are hot pages a strict admission
+    must not count: published, they are Anchors, which it promised not to convert."""
+    stream = HeldConversionStream(hold=False)
+    store = make_store(num_logical=24, num_hot=8, stream=stream)
+    ctl = LifecycleController(
+        store, MinimaConfig(recent_pages=1, sink_pages=1, strict_hot_admission=True, retier_batch_pages=8)
+    )
+    a = _request(store, [1, 2, 3, 4, 5, 6], tokens=6 * PS - 1)
+    ctl.tick([a])
+    store.end_step()
+    store.drain_quarantine()
+    stream.hold = True
+    b = torch.cat([a[:3], _request(store, [7], tokens=PS - 1)])  # a prefix hit on a's first pages
+    ctl.tick([a, b])
+    assert store.conversions_pending and store.stats.promote.pages == 0  # launched, not published
+    n = ctl.hot_reachable(admission=True)
+    assert n == store.hot_pool.num_free and ctl.hot_reachable() > n
+    assert ctl.reserve_hot(n)
+    assert store.stats.pressure_retier_tiers["anchor"] == store.stats.pressure_retier_tiers["recent"] == 0
 
 
 def test_without_defer_prefill_conversion_a_prefilling_request_converts_at_once():

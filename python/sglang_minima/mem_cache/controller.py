@@ -160,7 +160,9 @@ class LifecycleController:
         # pressure path (a synchronous conversion and a device sync between forwards).
         limit = max(p.retier_batch_pages, store.mapped_pages - self._mapped_at_tick)
         self._mapped_at_tick = store.mapped_pages
-        converted = store.retier(self._order(stale & sealed, demote=True)[:limit])
+        pages = self._order(stale & sealed, demote=True)[:limit]
+        # launched a batch at a time: a conversion's staging (the torch codec's) stays one batch's
+        converted = sum(store.retier(pages[i : i + p.retier_batch_pages]) for i in range(0, len(pages), p.retier_batch_pages))
         self._backlog = converted >= limit
         spare = store.hot_pool.num_free - len(sequences)  # one new page per request next step
         wanted = pt.mapped & (pt.fmt == FMT_TQ3) & (pt.tier >= TIER_ANCHOR)
@@ -225,16 +227,18 @@ class LifecycleController:
         store = self.store
         hot = store.hot_pool
         convertible = store.hot_convertible()
-        if admission and self.config.strict_hot_admission:
+        strict = admission and self.config.strict_hot_admission
+        if strict:  # (a pending promotion's page is one of those once published)
             convertible &= store.page_table.tier < TIER_ANCHOR
-        return hot.num_free + hot.num_quarantined + store.held_by_conversions(hot) + int(convertible.sum())
+        held = store.held_by_conversions(hot, live_destinations=not strict)
+        return hot.num_free + hot.num_quarantined + held + int(convertible.sum())
 
     def reserve_hot(self, num_pages: int) -> bool:
         """Make ``num_pages`` hot pages free for an allocation; False if that is impossible.
 
         First the pending conversions and the quarantine: an allocation runs between forwards, so
-        after a device sync no copy runs and no forward reads a freed page. Then pressure: convert sealed hot pages, cached and Stale
-        first, then Anchor, then Recent, oldest first.
+        after a device sync no copy runs and no forward reads a freed page. Then pressure: convert sealed hot pages, Stale
+        first, then cached, then the deferral's Stale pages, then Anchor, then Recent, oldest first.
         """
         store = self.store
         short = num_pages - store.hot_pool.num_free

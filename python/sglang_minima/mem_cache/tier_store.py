@@ -235,15 +235,17 @@ class TieredPageStore:
     def conversions_pending(self) -> bool:
         return bool(self.pending)
 
-    def held_by_conversions(self, pool: PhysicalPagePool) -> int:
+    def held_by_conversions(self, pool: PhysicalPagePool, *, live_destinations: bool = True) -> int:
         """Pages of ``pool`` only pending conversions hold: destinations not published yet, and the
-        sources of logical pages SGLang freed meanwhile (both become free or quarantined at publish)."""
+        sources of logical pages SGLang freed meanwhile (both become free or quarantined at publish;
+        a live page's destination becomes its mapping: ``live_destinations=False`` leaves those out)."""
         n = 0
         for conv in self.pending:
+            freed = int((self.converting[conv.pages_host] != conv.id).sum())
             if conv.dst_pool is pool:
-                n += conv.dst.numel()
+                n += conv.dst.numel() if live_destinations else freed
             if conv.src_pool is pool:
-                n += int((self.converting[conv.pages_host] != conv.id).sum())
+                n += freed
         return n
 
     @property
