@@ -428,6 +428,7 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for c in arm_cells),
                 "bytes_per_token": bytes_per_token(ARMS[arm], hot_tok, tq3_tok, args.geometry, args.page_size,
                                                    args.dtype, shlex.split(getattr(args, "server_args", ""))),
+                **pressure_pages(run_groups.values()),
             }
         # #17's target holds at every length: the macro over one length's tasks, same pairing and CI
         for (arm, length), per_task in by_length.items():
@@ -438,6 +439,17 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
                 "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for _, c in per_task),
             }
     return result
+
+
+def pressure_pages(groups) -> dict[str, int | None]:
+    """Pages a run's server converted for want of a free hot page, and how many of them were sinks or
+    Recent pages (the policy's FP8 pages given up to memory: the pool, not the policy, decided what
+    those examples read); None where its records predate the counters or it is not a Minima server."""
+    groups = list(groups)
+    total = [g["pressure_retier_pages"] for g in groups if "pressure_retier_pages" in g]
+    kept = [g["pressure_anchor_pages"] + g["pressure_recent_pages"] for g in groups if "pressure_anchor_pages" in g]
+    return {"pressure_pages": sum(total) if groups and len(total) == len(groups) else None,
+            "pressure_kept_pages": sum(kept) if groups and len(kept) == len(groups) else None}
 
 
 def macro_diff(per_cell: list[list[float]]) -> float | None:
@@ -488,13 +500,15 @@ def markdown(result: dict, args: argparse.Namespace) -> str:
                          f"{fmt_diff(c['diff_vs_ref'], c['diff_ci95']) if c['arm'] != ref else '-'} | {tq3} |")
         lines.append("")
     lines += ["#### Macro (mean over task x length cells)", "",
-              f"| run | cells | score | Δ vs {ref} [95% CI] | cells without a TQ3 read | KV bytes / attended token |",
-              "|---|---|---|---|---|---|"]
+              f"| run | cells | score | Δ vs {ref} [95% CI] | cells without a TQ3 read | KV bytes / attended token "
+              "| pages converted under memory pressure (sinks or Recent) |",
+              "|---|---|---|---|---|---|---|"]
     for label, m in result["macro"].items():
-        bpt = m.get("bytes_per_token")
+        bpt, pressure, kept = m.get("bytes_per_token"), m.get("pressure_pages"), m.get("pressure_kept_pages")
         lines.append(f"| {label} | {m['cells']} | {m['score']:.2f} | "
                      f"{fmt_diff(m['diff_vs_ref'], m['diff_ci95']) if not label.startswith(ref + '@') else '-'} | "
-                     f"{m['cells_without_tq3']} | {'-' if bpt is None else f'{bpt:.0f}'} |")
+                     f"{m['cells_without_tq3']} | {'-' if bpt is None else f'{bpt:.0f}'} | "
+                     f"{'-' if pressure is None else pressure}{'' if kept is None else f' ({kept})'} |")
     lengths = sorted({n for by in result["macro_by_length"].values() for n in by})
     lines += ["", f"#### Macro Δ vs {ref} by length (mean over the tasks of one length; * = no TQ3 read in some cell)", "",
               "| run | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]

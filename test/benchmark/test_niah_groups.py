@@ -63,6 +63,30 @@ def test_a_groups_routes_count_once_and_its_examples_count_as_reading_tq3(tmp_pa
     # per token and layer (3 KV heads x 64 dims x K and V), 1/4 at TQ3's 162
     assert result["macro"]["minima@default"]["bytes_per_token"] == (3 * 384 + 162) / 4
     assert result["macro"]["fp8@default"]["bytes_per_token"] == 384
+    # records from before the pressure counters: nothing is said of the pressure
+    assert result["macro"]["minima@default"]["pressure_pages"] is None
+
+
+def test_the_macro_says_what_memory_pressure_converted(tmp_path):
+    """A run's pages converted under pressure, once per group, and of them the sinks and Recent pages
+    (the policy's FP8 pages); a run whose records predate the per-tier counters gives its total alone."""
+    base = {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 1920, "route_tq3_tokens": 640,
+            "retier_pages": 3}
+    tiers = {"pressure_retier_pages": 9, "pressure_stale_pages": 6, "pressure_cached_pages": 0,
+             "pressure_deferred_pages": 1, "pressure_anchor_pages": 2, "pressure_recent_pages": 0}
+    _answers(tmp_path, "fp8@default", [_row(i, 100.0, None, "g", 2) for i in range(4)])
+    _answers(tmp_path, "minima@default", [_row(i, 100.0, base | tiers, f"group{i // 2}", 2) for i in range(4)])
+    _answers(tmp_path, "minima-k4@default", [_row(i, 100.0, base | {"pressure_retier_pages": 5}, "g", 4) for i in range(4)])
+    args = Namespace(out=tmp_path, reference="fp8", arms=["fp8", "minima", "minima-k4"], chunked_prefill_sizes=["default"],
+                     bootstrap=200, seed=0, geometry=(3, 64), page_size=64, dtype="bfloat16")
+    examples = [_ex("niah_single_1", 1024, i) for i in range(4)]
+    result = niah.report([niah.Run(a, "default") for a in args.arms], examples, args)
+    assert (result["macro"]["minima@default"]["pressure_pages"], result["macro"]["minima@default"]["pressure_kept_pages"]) == (18, 4)
+    assert (result["macro"]["minima-k4@default"]["pressure_pages"], result["macro"]["minima-k4@default"]["pressure_kept_pages"]) == (5, None)
+    md = niah.markdown(result, args).splitlines()
+    assert next(line for line in md if line.startswith("| minima@default |")).endswith("| 18 (4) |")
+    assert next(line for line in md if line.startswith("| minima-k4@default |")).endswith("| 5 |")
+    assert next(line for line in md if line.startswith("| fp8@default |")).endswith("| - |")
 
 
 def test_bytes_per_token_follows_the_codecs_page_accounting():
