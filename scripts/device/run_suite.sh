@@ -17,6 +17,7 @@
 #   bash scripts/device/run_suite.sh profile [BUDGET_S]     # profile_decode.py: arms in turn, steps under the profiler
 #     PROFILE_ARGS (env): its flags (default: prefill steps, 256-token chunks: sglang-fp8-eager, minima, minima-fp8;
 #     the baseline first: a call's limit cut its trace on 2026-12-03)
+#     PROFILE_WARM (env): warm_kernels.py --serving flags (default SmolLM2's geometry; "none": the caches warm)
 #   bash scripts/device/run_suite.sh niah [BUDGET_S]        # benchmark/quality/niah.py: RULER NIAH, one server per arm
 #     NIAH_ARMS (env): the arms, each its own niah.py process and server, side by side on the GPU
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
@@ -160,8 +161,10 @@ probe)
   grep -v "^examples" "$WORK/probe.log" | tail -40
   ;;
 profile)
-  # SmolLM2's kernels first: a cold build inside the first Minima server took 366 s of a call (2026-12-03)
-  warm_smollm2
+  # the kernels first: a cold build inside the first Minima server took 366 s of a call (2026-12-03)
+  if [ "${PROFILE_WARM:-}" != none ]; then
+    warm_serving 240 ${PROFILE_WARM:---geometries 9/3/64/64}
+  fi
   left=$((budget - (SECONDS - t0)))
   timeout -s INT "$left" python3 benchmark/serving/profile_decode.py --out "$OUT/profile.json" --work "$WORK/profile" \
     ${PROFILE_ARGS:---arms sglang-fp8-eager,minima,minima-fp8 --output-len 1 --input-len 2048 --batch 8 --steps 20 \
