@@ -170,6 +170,10 @@ profile)
     ${PROFILE_ARGS:---arms sglang-fp8-eager,minima,minima-fp8 --output-len 1 --input-len 2048 --batch 8 --steps 20 \
     --settle-s 15 --server-args --chunked-prefill-size 256} > "$WORK/profile.log" 2>&1
   cp "$WORK"/profile/*.log "$OUT"/ 2>/dev/null
+  # each arm's trace, for --from-traces here (a trace of 10-20 steps is a few MB compressed)
+  for t in "$WORK"/profile/*-trace; do
+    [ -d "$t" ] && cp "$(ls "$t"/*.trace.json.gz | head -1)" "$OUT/$(basename "$t").json.gz" 2>/dev/null
+  done
   head -8 "$OUT/profile.md" 2>/dev/null
   ;;
 niah)
