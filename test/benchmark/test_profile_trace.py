@@ -68,6 +68,17 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     assert failed.returncode != 0 and "no complete trace" in failed.stderr
 
 
+def test_profile_decode_sizes_the_pool_to_its_load():
+    # every request's prompt and output in whole pages (a subprocess: see above)
+    import subprocess
+
+    code = ("import profile_decode as p; print(p.load_tokens(26, 4096, 2048, 64), p.load_tokens(2, 100, 1, 64))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2] / "benchmark" / "serving")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["159744", "256"]
+
+
 def _log(prefill_tok_s: list[float], decode: list[tuple[int, float]] = ()) -> str:
     """SGLang 0.5.23's scheduler lines: a partial prefill batch, full ones, then decode batches."""
     lines = ["[t] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
