@@ -382,6 +382,24 @@ def _step(r: ArmResult) -> str:
     return f"{r.decode_step_ms}{f' / {median[0]}' if median else ''} @ {r.decode_rows}"
 
 
+def full_batch(r: ArmResult) -> tuple[float, float] | None:
+    """(generation tok/s at the round's most running requests, from the median decode line there; the
+    share of the round's decode lines at that batch): the steady state the end-to-end figure dilutes
+    with the round's tail, its last requests decoding at a few rows. None without decode lines."""
+    median = r.decode_medians.get(str(r.decode_rows))
+    if not median or not median[0]:
+        return None
+    lines = sum(n for _, n in r.decode_medians.values())
+    return r.decode_rows / median[0] * 1000, median[1] / lines
+
+
+def _full_batch(r: ArmResult, base: ArmResult) -> str:
+    got, ref = full_batch(r), full_batch(base)
+    if got is None:
+        return "-"
+    return f"{got[0]:,.0f} ({_ratio(got[0], ref[0]) if ref else '-'}) / {got[1]:.0%}"
+
+
 def _converted(c: dict) -> str:
     """Pages converted in the round, and those converted for want of a free hot page by what they were."""
     if "converted" not in c:
@@ -397,10 +415,11 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | median / p99 ITL ms | decode step ms @ rows (best window / median) "
+        "| full-batch tok/s (x base) / decode lines at full batch "
         "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "
         "| peak hot pages held / hot pages |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -414,7 +433,7 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
             f"| {f'{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}' if r.median_itl_ms else '-'} "
-            f"| {_step(r)} | {_converted(c)} "
+            f"| {_step(r)} | {_full_batch(r, base)} | {_converted(c)} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "
             f"| {c.get('peak_hot_pages', '-')} |")

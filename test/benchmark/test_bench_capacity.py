@@ -82,6 +82,10 @@ kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits",
 print(json.dumps({"warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(bc.decode_windows(log.splitlines()[-1])), "decode": bc.decode_step(bc.decode_windows(log)),
                   "medians": bc.decode_medians(bc.decode_windows(log)),
+                  "full": bc.render([bc.ArmResult(**{**result("sglang-fp8", 10, 1.0, 1.0).__dict__, "decode_rows": 15,
+                                                     "decode_medians": {"4": [8.75, 51], "15": [11.21, 205]}}),
+                                      bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "decode_rows": 29,
+                                                     "decode_medians": {"6": [9.42, 51], "29": [14.04, 103]}})]),
                   "median_cell": bc._step(bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "decode_rows": 16,
                                                           "decode_step_ms": 16.95, "decode_medians": {"16": [20.0, 3]}})), "no_decode": bc.decode_step(bc.decode_windows("Prefill batch, #new-seq: 1")),
                   "geo": geo, "per_token": per_token, "cpu_arms": sorted(bc.arms("cpu", 0.1)),
@@ -137,8 +141,14 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 |")  # a server that reports them
     # conversions, and those made for want of a free hot page by what they were ("-": not a Minima
     # server; the total alone: a result written before the breakdown)
-    assert got["scratch"].splitlines()[3].split("|")[18].strip() == "90 (6 / 1 / 2 / 1)"
-    assert got["scratch"].splitlines()[2].split("|")[18].strip() == "-"
+    assert got["scratch"].splitlines()[3].split("|")[19].strip() == "90 (6 / 1 / 2 / 1)"
+    assert got["scratch"].splitlines()[2].split("|")[19].strip() == "-"
+    # the steady state beside the end-to-end figure: rows / the median step at the most running
+    # requests, and the share of the round's decode lines there (decode_heavy_0211's servers); "-"
+    # without decode lines
+    full = [line.split("|")[18].strip() for line in got["full"].splitlines()[2:]]
+    assert full == ["1,338 (1.00) / 80%", "2,066 (1.54) / 67%"]
+    assert rows["minima"][18] == "-"
     # --canary: #16's (b) workload, the context room for the prompt and its output, other flags kept
     c = got["canary"]
     assert (c["model"], c["dataset"], c["input_len"], c["output_len"]) == ("qwen3.6-27b-class", "random", 59008, 128)
