@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU)
 from serve_arms import arms, e2e_device, launch, resolve_model  # noqa: E402
-from trace_summary import SCOPES, WARM_UP, log_throughput, summarize_trace  # noqa: E402
+from trace_summary import SCOPES, WARM_UP, log_throughput, summarize_trace, wait_for_rows  # noqa: E402
 
 
 def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
@@ -96,8 +96,16 @@ def profile_arm(name: str, args, work: Path) -> dict:
     server = launch(flags + arm.flags + args.server_args, work / f"{name}.log", module=arm.module, env=arm.env)
     stop = threading.Event()
     try:
+        start = server.log_path.stat().st_size  # the server's own warm-up decodes before the load
         _decode_load(server.url, args, stop)
-        time.sleep(args.settle_s)  # prompts prefilled, every request decoding
+        if args.output_len > 1:  # a decode profile: every request decoding, none queued
+            rows = wait_for_rows(server.log_path, start, args.batch, args.settle_s)
+            if rows != args.batch:
+                print(f"{name}: {rows} of {args.batch} requests decoding after {args.settle_s:.0f} s; profiling those",
+                      flush=True)
+        else:  # prefill steps (--output-len 1): each request ends at its first token
+            time.sleep(args.settle_s)
+            rows = None
         trace_dir = work / f"{name}-trace"
         r = requests.post(server.url + "/start_profile", json={
             "output_dir": str(trace_dir), "num_steps": args.steps, "activities": ["CPU", "GPU"],
@@ -106,8 +114,8 @@ def profile_arm(name: str, args, work: Path) -> dict:
         r.raise_for_status()
         summary = summarize_trace(_read_trace(trace_dir, timeout_s=600), args.steps)
         logged = log_throughput(server.log_path.read_text(errors="replace"))
-        return {"arm": name, "flags": arm.flags, "startup_s": round(server.startup_s, 1), **summary,
-                "log_throughput": logged}
+        return {"arm": name, "flags": arm.flags, "startup_s": round(server.startup_s, 1), "decode_rows": rows,
+                **summary, "log_throughput": logged}
     finally:
         stop.set()
         server.stop()
@@ -117,12 +125,13 @@ def render(results: list[dict], args) -> str:
     lines = [
         f"## Step profile ({e2e_device()}; {args.batch} requests x {args.input_len} prompt tokens, {args.output_len} output, "
         f"{args.steps} steps profiled)", "",
-        "| arm | wall ms/step | GPU busy ms/step | " + " | ".join(SCOPES) + " |",
-        "|---|---|---|" + "---|" * len(SCOPES),
+        "| arm | requests decoding | wall ms/step | GPU busy ms/step | " + " | ".join(SCOPES) + " |",
+        "|---|---|---|---|" + "---|" * len(SCOPES),
     ]
     for r in results:
         s = r["scopes_ms_per_step"]
-        lines.append(f"| {r['arm']} | {r['wall_ms_per_step']} | {r['gpu_ms_per_step']} | "
+        rows = r.get("decode_rows")  # None: a prefill profile, or a result from saved traces
+        lines.append(f"| {r['arm']} | {'-' if rows is None else rows} | {r['wall_ms_per_step']} | {r['gpu_ms_per_step']} | "
                      + " | ".join(f"{s[k]:.3f}" for k in SCOPES) + " |")
     logged = [r for r in results if r.get("log_throughput")]
     if logged:
@@ -163,7 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--input-len", type=int, default=2048)
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--settle-s", type=float, default=20.0, help="seconds of load before the profile")
+    ap.add_argument("--settle-s", type=float, default=20.0,
+                    help="seconds of load before the profile; with --output-len > 1 the most to wait for every "
+                         "request to decode (the profile starts as soon as the server's decode line shows them)")
     ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
     ap.add_argument("--work", type=Path, default=Path(serve_arms.ROOT) / ".cache" / "profile_decode")
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")

@@ -1,13 +1,16 @@
 """A torch-profiler Chrome trace (what SGLang's /start_profile writes) summed per step: Minima's
 profiler scopes (host time), host ops, CUDA runtime calls (where a host sync waits), GPU kernels and
-the window's wall time; and the throughput the server logged before the profile. Pure Python:
+the window's wall time; the throughput the server logged before the profile, and the wait for its
+decode lines to show the whole load running. Pure Python:
 benchmark/serving/profile_decode.py reads it, test/benchmark tests it."""
 
 from __future__ import annotations
 
 import re
 import statistics
+import time
 from collections import defaultdict
+from pathlib import Path
 
 SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.prefill_kernels", "minima.prefill_tq3",
           "minima.kv_write", "minima.lifecycle")
@@ -55,6 +58,33 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         "top_gpu_kernels_ms_per_step": per_step(gpu),
         "top_runtime_calls_ms_per_step": per_step(runtime),
     }
+
+
+DECODE_ROWS = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*#queue-req: (\d+)")
+
+
+def decode_rows(log_text: str) -> tuple[int, int] | None:
+    """(running, queued requests) of the server's last decode line in ``log_text``, None without one."""
+    last = None
+    for last in DECODE_ROWS.finditer(log_text):
+        pass
+    return (int(last[1]), int(last[2])) if last else None
+
+
+def wait_for_rows(log_path: Path, start: int, batch: int, timeout_s: float) -> int:
+    """Wait until the server's decode lines (from byte ``start`` of its log) show ``batch`` requests
+    running and none queued, at most ``timeout_s``; the running requests of the last line then (0:
+    none yet). A fixed wait profiled prefill steps in one arm and decode steps in the other on
+    2026-12-06 (26 prompts of 4K on a Llama-class model prefill for longer than 20 s)."""
+    deadline = time.time() + timeout_s
+    rows = None
+    while True:
+        with open(log_path, errors="replace") as f:
+            f.seek(start)
+            rows = decode_rows(f.read()) or rows
+        if rows == (batch, 0) or time.time() >= deadline:
+            return rows[0] if rows else 0
+        time.sleep(1)
 
 
 LOG_LINE = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?, .*?#(new-token|running-req): (\d+),"

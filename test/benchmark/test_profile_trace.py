@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
-from trace_summary import log_throughput, summarize_trace  # noqa: E402
+from trace_summary import log_throughput, summarize_trace, wait_for_rows  # noqa: E402
 
 
 def _ev(name, cat, ts, dur):
@@ -61,7 +61,7 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     assert [r["arm"] for r in out["results"]] == ["sglang-fp8-eager", "minima"]
     assert out["results"][1]["scopes_ms_per_step"]["minima.kv_write"] == 2.0
     md = (tmp_path / "p.md").read_text()
-    assert "| minima | 2.0 | 0.5 |" in md
+    assert "| minima | - | 2.0 | 0.5 |" in md  # requests decoding: not known from saved traces
     assert out["results"][1]["log_throughput"]["prefill"]["median"] == 3000.0
     assert "| minima | 3 x 256 | 3,000 [2,000-4,000] | 0.50 | - | - | - |" in md  # against the first arm's 6,000
     failed = run("minima-fp8", "q.json")
@@ -77,6 +77,41 @@ def test_profile_decode_sizes_the_pool_to_its_load():
                          cwd=Path(__file__).resolve().parents[2] / "benchmark" / "serving")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["159744", "256"]
+
+
+def test_a_decode_profile_waits_for_every_request_to_decode(tmp_path):
+    # SGLang's decode lines as the load ramps up: the wait ends at the first with the whole batch
+    # running and none queued, not at a fixed time (2026-12-06: one arm profiled prefill steps)
+    import threading
+    import time
+
+    def line(running: int, queued: int) -> str:
+        return (f"[t] Decode batch, #running-req: {running}, #token: 9, token usage: 0.1, cuda graph: True, "
+                f"gen throughput (token/s): 1.0, #queue-req: {queued}\n")
+
+    log = tmp_path / "server.log"
+    log.write_text(line(26, 0))  # before the load (the server's warm-up, say): not counted
+    start = log.stat().st_size
+
+    def ramp(lines):
+        for text in lines:
+            time.sleep(0.6)
+            with open(log, "a") as f:
+                f.write(text)
+
+    writer = threading.Thread(target=ramp, args=([line(1, 25), line(5, 21), line(26, 0)],))
+    t0 = time.time()
+    writer.start()
+    assert wait_for_rows(log, start, 26, timeout_s=60) == 26
+    assert time.time() - t0 >= 1.5  # it waited for the third line
+    writer.join()
+    # a pool that never holds the batch: the running requests of the last line at the deadline
+    log.write_text(line(26, 0))
+    writer = threading.Thread(target=ramp, args=([line(5, 21)],))
+    writer.start()
+    assert wait_for_rows(log, log.stat().st_size, 26, timeout_s=2) == 5
+    writer.join()
+    assert wait_for_rows(tmp_path / "server.log", log.stat().st_size, 26, timeout_s=0) == 0  # no line yet
 
 
 def _log(prefill_tok_s: list[float], decode: list[tuple[int, float]] = ()) -> str:
