@@ -473,7 +473,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=serve_arms.ROOT / ".cache" / "bench_serving")
     ap.add_argument("--out", type=Path, default=serve_arms.ROOT / "docs" / "results")
     ap.add_argument("--name", default="serving", help="the results' file name: <out>/<name>.json and .md")
-    ap.add_argument("--from-json", type=Path, help="re-render the table of an earlier run's JSON")
+    ap.add_argument("--from-json", type=Path, nargs="+",
+                    help="re-render the table of earlier runs' JSON: several (one arm a device call, say) in one "
+                         "table, each round's ratios against its baseline arm wherever that was measured")
     ap.add_argument("--canary", action="store_true",
                     help="issue #16's canary (b): Qwen3.6's geometry (random weights), 2 requests x 59,008 prompt "
                          "tokens, 128 out, both at once, a budget both fit in as FP8 (4 GiB): defaults that flags beside it override")
@@ -488,8 +490,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        print(render([ArmResult(**r) for r in saved["results"]]))
+        print(render([ArmResult(**r) for path in args.from_json for r in json.loads(path.read_text())["results"]]))
         return
     known = arms(e2e_device(), args.lean_fraction)
     names = args.arms.split(",")

@@ -169,3 +169,23 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert got["warm"] == [["/generate", 4096, ids, 16], ["/generate", 4096, ids, 16], ["/flush_cache", None, None, None],
                            ["/generate", 512, ids, 16], ["/generate", 512, ids, 16], ["/flush_cache", None, None, None]]
     assert got["iters"] == [4, 10.0]  # SGLang's line with LOG_FORWARD_ITERS: "Decode batch [N], ..."
+
+
+def test_runs_of_separate_calls_render_as_one_table(tmp_path):
+    # one arm a device call (the 128-prompt decode-bound load): the Minima arm's ratios against the
+    # FP8 arm of another file, as if one run had measured both
+    def run(arm, tokens, tput):
+        return {"arm": arm, "clients": 64, "num_prompts": 128, "bytes_per_token": 1, "max_total_tokens": tokens,
+                "startup_s": 1, "completed": 128, "output_throughput": tput, "request_throughput": 1,
+                "mean_ttft_ms": 1, "median_ttft_ms": 1, "p99_ttft_ms": 1, "mean_tpot_ms": 1, "duration_s": 1,
+                "peak_running_requests": 1, "peak_queued_requests": 0, "output_tokens_retokenized": 1}
+
+    (tmp_path / "m.json").write_text(json.dumps({"results": [run("minima-lean", 181_376, 1_700.0)]}))
+    (tmp_path / "f.json").write_text(json.dumps({"results": [run("sglang-fp8", 98_304, 1_250.0)]}))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmark" / "serving" / "bench_capacity.py"), "--from-json",
+                          str(tmp_path / "m.json"), str(tmp_path / "f.json")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in out.stdout.splitlines()[2:]}
+    assert rows["minima-lean"][7] == "1.85" and rows["minima-lean"][11] == "1.36"
+    assert rows["sglang-fp8"][11] == "1.00"
