@@ -487,10 +487,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+WORKLOAD_ARGS = ("model", "dataset", "input_len", "output_len", "system_prompt_len", "question_len", "num_groups",
+                 "prompts_per_group", "budget_mib", "max_running_requests", "page_size", "dtype", "server_args")
+"""What two runs must share for their arms to stand in one table (besides the device)."""
+
+
+def workload_differences(runs: list[dict]) -> list[str]:
+    """The device and the ``WORKLOAD_ARGS`` in which saved runs differ (a run without a value: not compared)."""
+    differ = []
+    for key in ("device", *WORKLOAD_ARGS):
+        values = {str(run.get(key) if key == "device" else run.get("args", {}).get(key)) for run in runs}
+        values.discard("None")
+        if len(values) > 1:
+            differ.append(f"{key} ({' / '.join(sorted(values))})")
+    return differ
+
+
 def main() -> None:
     args = parse_args()
     if args.from_json:
-        print(render([ArmResult(**r) for path in args.from_json for r in json.loads(path.read_text())["results"]]))
+        saved = [json.loads(path.read_text()) for path in args.from_json]
+        if len(saved) > 1 and (differ := workload_differences(saved)):
+            print(f"bench_capacity.py --from-json: the runs differ in {', '.join(differ)}: their ratios compare unlike loads",
+                  file=sys.stderr)
+        print(render([ArmResult(**r) for run in saved for r in run["results"]]))
         return
     known = arms(e2e_device(), args.lean_fraction)
     names = args.arms.split(",")

@@ -85,21 +85,27 @@ def load_tokens(batch: int, input_len: int, output_len: int, page_size: int) -> 
     return batch * -(-(input_len + output_len) // page_size) * page_size
 
 
+def server_flags(args, model_dir: Path, model_flags: list[str]) -> list[str]:
+    """Every arm's server flags before its own: a decode profile's pool holds its whole load (a
+    prefill profile, ``--output-len 1``, keeps the harness's default pool, as its earlier runs did)."""
+    flags = ["--model-path", str(model_dir), *model_flags, "--page-size", str(args.page_size), "--dtype", args.dtype,
+             "--max-running-requests", str(args.batch)]
+    if args.output_len > 1 and not any(a.split("=", 1)[0] == "--max-total-tokens" for a in args.server_args):
+        flags += ["--max-total-tokens", str(load_tokens(args.batch, args.input_len, args.output_len, args.page_size))]
+    return flags
+
+
 def profile_arm(name: str, args, work: Path) -> dict:
     arm = arms(e2e_device())[name]
     model_dir, model_flags = resolve_model(args.model, work)
-    flags = ["--model-path", str(model_dir), *model_flags, "--page-size", str(args.page_size), "--dtype", args.dtype,
-             "--max-running-requests", str(args.batch)]
-    if not any(a.split("=", 1)[0] == "--max-total-tokens" for a in args.server_args):
-        tokens = load_tokens(args.batch, args.input_len, args.output_len, args.page_size)
-        flags += ["--max-total-tokens", str(tokens)]
+    flags = server_flags(args, model_dir, model_flags)
     server = launch(flags + arm.flags + args.server_args, work / f"{name}.log", module=arm.module, env=arm.env)
     stop = threading.Event()
     try:
         start = server.log_path.stat().st_size  # the server's own warm-up decodes before the load
         _decode_load(server.url, args, stop)
         if args.output_len > 1:  # a decode profile: every request decoding, none queued
-            rows = wait_for_rows(server.log_path, start, args.batch, args.settle_s)
+            rows = wait_for_rows(server.log_path, start, args.batch, args.settle_s, lines=args.settle_lines)
             if rows != args.batch:
                 print(f"{name}: {rows} of {args.batch} requests decoding after {args.settle_s:.0f} s; profiling those",
                       flush=True)
@@ -174,7 +180,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--settle-s", type=float, default=20.0,
                     help="seconds of load before the profile; with --output-len > 1 the most to wait for every "
-                         "request to decode (the profile starts as soon as the server's decode line shows them)")
+                         "request to decode (the profile starts once --settle-lines decode lines have shown them)")
+    ap.add_argument("--settle-lines", type=int, default=8,
+                    help="decode lines (SGLang logs one every 40 steps) with every request running before a decode "
+                         "profile starts: the step after the wave's prefill has settled (Minima's pages converted)")
     ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="flags for every arm (last)")
     ap.add_argument("--work", type=Path, default=Path(serve_arms.ROOT) / ".cache" / "profile_decode")
     ap.add_argument("--out", type=Path, required=True, help="JSON to write (markdown beside it)")

@@ -63,27 +63,19 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
 DECODE_ROWS = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*#queue-req: (\d+)")
 
 
-def decode_rows(log_text: str) -> tuple[int, int] | None:
-    """(running, queued requests) of the server's last decode line in ``log_text``, None without one."""
-    last = None
-    for last in DECODE_ROWS.finditer(log_text):
-        pass
-    return (int(last[1]), int(last[2])) if last else None
-
-
-def wait_for_rows(log_path: Path, start: int, batch: int, timeout_s: float) -> int:
-    """Wait until the server's decode lines (from byte ``start`` of its log) show ``batch`` requests
-    running and none queued, at most ``timeout_s``; the running requests of the last line then (0:
-    none yet). A fixed wait profiled prefill steps in one arm and decode steps in the other on
-    2026-12-06 (26 prompts of 4K on a Llama-class model prefill for longer than 20 s)."""
+def wait_for_rows(log_path: Path, start: int, batch: int, timeout_s: float, lines: int = 1) -> int:
+    """Wait until ``lines`` of the server's decode lines (from byte ``start`` of its log) have shown
+    ``batch`` requests running and none queued, at most ``timeout_s``; the running requests of the
+    last line then (0: none yet). A fixed wait profiled prefill steps in one arm and decode steps in
+    the other on 2026-12-06 (26 prompts of 4K on a Llama-class model prefill for longer than 20 s);
+    ``lines`` > 1 lets the step settle after the wave's prefill (Minima: its pages converted)."""
     deadline = time.time() + timeout_s
-    rows = None
     while True:
         with open(log_path, errors="replace") as f:
             f.seek(start)
-            rows = decode_rows(f.read()) or rows
-        if rows == (batch, 0) or time.time() >= deadline:
-            return rows[0] if rows else 0
+            seen = [(int(m[1]), int(m[2])) for m in DECODE_ROWS.finditer(f.read())]
+        if seen.count((batch, 0)) >= lines or time.time() >= deadline:
+            return seen[-1][0] if seen else 0
         time.sleep(1)
 
 

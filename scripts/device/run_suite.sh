@@ -172,7 +172,7 @@ profile)
   cp "$WORK"/profile/*.log "$OUT"/ 2>/dev/null
   # each arm's trace, for --from-traces here (a trace of 10-20 steps is a few MB compressed)
   for t in "$WORK"/profile/*-trace; do
-    [ -d "$t" ] && cp "$(ls "$t"/*.trace.json.gz | head -1)" "$OUT/$(basename "$t").json.gz" 2>/dev/null
+    [ -d "$t" ] && cp "$(ls "$t"/*.trace.json.gz 2>/dev/null | head -1)" "$OUT/$(basename "$t").json.gz" 2>/dev/null
   done
   head -8 "$OUT/profile.md" 2>/dev/null
   ;;

@@ -180,12 +180,24 @@ def test_runs_of_separate_calls_render_as_one_table(tmp_path):
                 "mean_ttft_ms": 1, "median_ttft_ms": 1, "p99_ttft_ms": 1, "mean_tpot_ms": 1, "duration_s": 1,
                 "peak_running_requests": 1, "peak_queued_requests": 0, "output_tokens_retokenized": 1}
 
-    (tmp_path / "m.json").write_text(json.dumps({"results": [run("minima-lean", 181_376, 1_700.0)]}))
-    (tmp_path / "f.json").write_text(json.dumps({"results": [run("sglang-fp8", 98_304, 1_250.0)]}))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmark" / "serving" / "bench_capacity.py"), "--from-json",
-                          str(tmp_path / "m.json"), str(tmp_path / "f.json")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    load = {"model": "llama3-8b-class", "input_len": "4096", "budget_mib": "6144.0", "arms": "minima-lean"}
+
+    def table(fp8_args: dict) -> subprocess.CompletedProcess:
+        (tmp_path / "m.json").write_text(json.dumps({"device": "cuda", "args": load,
+                                                     "results": [run("minima-lean", 181_376, 1_700.0)]}))
+        (tmp_path / "f.json").write_text(json.dumps({"device": "cuda", "args": fp8_args,
+                                                     "results": [run("sglang-fp8", 98_304, 1_250.0)]}))
+        out = subprocess.run([sys.executable, str(ROOT / "benchmark" / "serving" / "bench_capacity.py"), "--from-json",
+                              str(tmp_path / "m.json"), str(tmp_path / "f.json")], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    out = table({**load, "arms": "sglang-fp8"})  # the arms differ, the load does not: no warning
     rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in out.stdout.splitlines()[2:]}
     assert rows["minima-lean"][7] == "1.85" and rows["minima-lean"][11] == "1.36"
     assert rows["sglang-fp8"][11] == "1.00"
+    assert "differ" not in out.stderr
+    # runs of unlike loads: still one table, and a warning naming what differs
+    out = table({**load, "input_len": "32768"})
+    assert "the runs differ in input_len (32768 / 4096)" in out.stderr

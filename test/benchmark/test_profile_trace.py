@@ -68,15 +68,24 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     assert failed.returncode != 0 and "no complete trace" in failed.stderr
 
 
-def test_profile_decode_sizes_the_pool_to_its_load():
-    # every request's prompt and output in whole pages (a subprocess: see above)
+def test_a_decode_profile_sizes_the_pool_to_its_load():
+    # every request's prompt and output in whole pages; a prefill profile (one output token) keeps the
+    # harness's pool, and a pool given with the servers' flags wins (a subprocess: see above)
     import subprocess
 
-    code = ("import profile_decode as p; print(p.load_tokens(26, 4096, 2048, 64), p.load_tokens(2, 100, 1, 64))")
+    code = """
+import types, profile_decode as p
+def flags(output_len, server_args=()):
+    a = types.SimpleNamespace(page_size=64, dtype="bfloat16", batch=26, input_len=4096, output_len=output_len,
+                              server_args=list(server_args))
+    f = p.server_flags(a, "m", ["--load-format", "dummy"])
+    return f[f.index("--max-total-tokens") + 1] if "--max-total-tokens" in f else "-"
+print(flags(2048), flags(1), flags(2048, ["--max-total-tokens=5"]), p.load_tokens(2, 100, 1, 64))
+"""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[2] / "benchmark" / "serving")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["159744", "256"]
+    assert out.stdout.split() == ["159744", "-", "-", "256"]
 
 
 def test_a_decode_profile_waits_for_every_request_to_decode(tmp_path):
@@ -112,6 +121,14 @@ def test_a_decode_profile_waits_for_every_request_to_decode(tmp_path):
     assert wait_for_rows(log, log.stat().st_size, 26, timeout_s=2) == 5
     writer.join()
     assert wait_for_rows(tmp_path / "server.log", log.stat().st_size, 26, timeout_s=0) == 0  # no line yet
+    # settling: the whole batch on more than one line before the profile starts
+    log.write_text("")
+    writer = threading.Thread(target=ramp, args=([line(26, 0), line(26, 0), line(26, 0)],))
+    t0 = time.time()
+    writer.start()
+    assert wait_for_rows(log, 0, 26, timeout_s=60, lines=3) == 26
+    assert time.time() - t0 >= 1.7  # the third line, not the first
+    writer.join()
 
 
 def _log(prefill_tok_s: list[float], decode: list[tuple[int, float]] = ()) -> str:
