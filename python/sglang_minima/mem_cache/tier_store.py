@@ -239,13 +239,15 @@ class TieredPageStore:
         """Pages of ``pool`` only pending conversions hold: destinations not published yet, and the
         sources of logical pages SGLang freed meanwhile (both become free or quarantined at publish;
         a live page's destination becomes its mapping: ``live_destinations=False`` leaves those out)."""
+        def freed(conv) -> int:  # its logical pages SGLang freed meanwhile
+            return int((self.converting[conv.pages_host] != conv.id).sum())
+
         n = 0
         for conv in self.pending:
-            freed = int((self.converting[conv.pages_host] != conv.id).sum())
             if conv.dst_pool is pool:
-                n += conv.dst.numel() if live_destinations else freed
+                n += conv.dst.numel() if live_destinations else freed(conv)
             if conv.src_pool is pool:
-                n += freed
+                n += freed(conv)
         return n
 
     @property
