@@ -162,9 +162,11 @@ probe)
   ;;
 profile)
   # the kernels first: a cold build inside the first Minima server took 366 s of a call (2026-12-03)
-  if [ "${PROFILE_WARM:-}" != none ]; then
-    warm_serving 240 ${PROFILE_WARM:---geometries 9/3/64/64}
-  fi
+  case ${PROFILE_WARM:-} in
+    none) ;;
+    "") warm_smollm2 ;;
+    *) warm_serving 240 $PROFILE_WARM ;;
+  esac
   left=$((budget - (SECONDS - t0)))
   timeout -s INT "$left" python3 benchmark/serving/profile_decode.py --out "$OUT/profile.json" --work "$WORK/profile" \
     ${PROFILE_ARGS:---arms sglang-fp8-eager,minima,minima-fp8 --output-len 1 --input-len 2048 --batch 8 --steps 20 \
