@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,9 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+from sglang.srt.utils.network import get_free_port_below_ephemeral
 from sglang_minima.config import CONFIG_ENV
 
 STARTUP_TIMEOUT_S = 600
+BIND_ATTEMPTS = 3
+_UVICORN_STARTUP_FAILURE = 3  # uvicorn.config.STARTUP_FAILURE
 # What a GPU server gets beside the CPU launcher's own defaults: the same logical KV capacity.
 _DEVICE_ARGS = {"cpu": [], "cuda": ["--device", "cuda", "--max-total-tokens", "32768", "--dtype", "bfloat16"]}
 
@@ -48,9 +50,11 @@ def device_args(args: list[str]) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (SGLang's own helper for ports bound later). The
+    server binds its HTTP port only after its scheduler is up, and an ephemeral port can be handed
+    to another socket in between: CI once saw uvicorn fail to bind it (exit 3) while /health and
+    SGLang's post-warmup /freeze_gc reached whatever listened there and timed out."""
+    return get_free_port_below_ephemeral()
 
 
 @dataclass
@@ -80,24 +84,41 @@ class Server:
 def launch(args: list[str], log_path: Path, env: dict[str, str] | None = None,
            module: str = "sglang_minima.launch_server", port: int | None = None) -> Server:
     """Launch a server (on ``port``, or a free one) and wait until /health answers (raises with the
-    log tail if it dies)."""
-    port = port or free_port()
+    log tail if it dies). A free port that another process binds first is replaced (uvicorn exits
+    with 3 on a bind error), at most BIND_ATTEMPTS times."""
+    for _ in range(1 if port else BIND_ATTEMPTS):
+        server = _start(args, log_path, env, module, port or free_port())
+        code = _wait_healthy(server)
+        if code is None:
+            return server
+        port_taken = code == _UVICORN_STARTUP_FAILURE and "address already in use" in server.log()
+        if not port_taken:
+            break
+    why = f" (port {server.port} is taken: uvicorn could not bind it)" if port_taken else ""
+    raise RuntimeError(f"server exited with {code}{why}:\n{server.log()[-4000:]}")
+
+
+def _start(args: list[str], log_path: Path, env: dict[str, str] | None, module: str, port: int) -> Server:
     cmd = [sys.executable, "-m", module, "--port", str(port), *args, *device_args(args)]
     # never an inherited Minima config (the plugin reads it in every SGLang process: a plain SGLang
     # server would tier its pages); sglang_minima.launch_server sets its own
     inherited = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
     full_env = {**inherited, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
-    log = open(log_path, "w")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    return Server(proc, port, log_path, 0.0)
+
+
+def _wait_healthy(server: Server) -> int | None:
+    """None once /health answers 200 (startup_s set), the exit code if the server died first."""
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-    server = Server(proc, port, log_path, 0.0)
     while time.time() - t0 < STARTUP_TIMEOUT_S:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-4000:]}")
+        if server.process.poll() is not None:
+            return server.process.returncode
         try:
             if requests.get(server.url + "/health", timeout=5).status_code == 200:
                 server.startup_s = time.time() - t0
-                return server
+                return None
         except requests.RequestException:
             pass
         time.sleep(1)
