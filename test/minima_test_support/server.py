@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-from sglang.srt.utils.network import get_free_port_below_ephemeral
 from sglang_minima.config import CONFIG_ENV
 
 STARTUP_TIMEOUT_S = 600
@@ -54,6 +53,9 @@ def free_port() -> int:
     server binds its HTTP port only after its scheduler is up, and an ephemeral port can be handed
     to another socket in between: CI once saw uvicorn fail to bind it (exit 3) while /health and
     SGLang's post-warmup /freeze_gc reached whatever listened there and timed out."""
+    # imported here: the benchmarks import this module before they set SGLang's CPU engine up
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
+
     return get_free_port_below_ephemeral()
 
 
