@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ sys.path.insert(0, str(HERE))
 
 import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU, before any sglang import)
 from serve_arms import Arm, e2e_device, launch, resolve_model  # noqa: E402
+from server_log import decode_windows  # noqa: E402
 
 from sglang_minima.config import parse_minima_argv, split_minima_argv  # noqa: E402
 from sglang_minima.mem_cache.tier_store import minima_cell_size  # noqa: E402
@@ -250,14 +250,6 @@ def rounds(args) -> list[tuple[int, int]]:
     if len(prompts) != len(clients):
         raise SystemExit(f"--num-prompts gives {len(prompts)} rounds, --max-concurrency {len(clients)}")
     return list(zip(clients, prompts))
-
-
-DECODE_LINE = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.* gen throughput \(token/s\): ([\d.]+)")
-
-
-def decode_windows(log_text: str) -> list[tuple[int, float]]:
-    """(running requests, generation tok/s) of each of SGLang's decode log lines, in order."""
-    return [(int(m[1]), float(m[2])) for m in DECODE_LINE.finditer(log_text)]
 
 
 def decode_step(windows: list[tuple[int, float]]) -> tuple[int, float]:

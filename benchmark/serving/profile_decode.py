@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU)
 from serve_arms import arms, e2e_device, launch, resolve_model  # noqa: E402
-from trace_summary import SCOPES, WARM_UP, log_throughput, summarize_trace, wait_for_rows  # noqa: E402
+from server_log import WARM_UP, log_throughput, wait_for_rows  # noqa: E402
+from trace_summary import SCOPES, summarize_trace  # noqa: E402
 
 
 def _read_trace(trace_dir: Path, timeout_s: float) -> dict:
@@ -105,10 +106,10 @@ def profile_arm(name: str, args, work: Path) -> dict:
         start = server.log_path.stat().st_size  # the server's own warm-up decodes before the load
         _decode_load(server.url, args, stop)
         if args.output_len > 1:  # a decode profile: every request decoding, none queued
-            rows = wait_for_rows(server.log_path, start, args.batch, args.settle_s, lines=args.settle_lines)
-            if rows != args.batch:
-                print(f"{name}: {rows} of {args.batch} requests decoding after {args.settle_s:.0f} s; profiling those",
-                      flush=True)
+            rows, full = wait_for_rows(server.log_path, start, args.batch, args.settle_s, lines=args.settle_lines)
+            if full < args.settle_lines:
+                print(f"{name}: {full} of {args.settle_lines} decode lines showed all {args.batch} requests in "
+                      f"{args.settle_s:.0f} s ({rows} decoding on the last); profiling now", flush=True)
         else:  # prefill steps (--output-len 1): each request ends at its first token
             time.sleep(args.settle_s)
             rows = None

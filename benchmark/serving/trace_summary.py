@@ -1,16 +1,11 @@
 """A torch-profiler Chrome trace (what SGLang's /start_profile writes) summed per step: Minima's
 profiler scopes (host time), host ops, CUDA runtime calls (where a host sync waits), GPU kernels and
-the window's wall time; the throughput the server logged before the profile, and the wait for its
-decode lines to show the whole load running. Pure Python:
-benchmark/serving/profile_decode.py reads it, test/benchmark tests it."""
+the window's wall time. Pure Python: benchmark/serving/profile_decode.py reads it, test/benchmark
+tests it."""
 
 from __future__ import annotations
 
-import re
-import statistics
-import time
 from collections import defaultdict
-from pathlib import Path
 
 SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.prefill_kernels", "minima.prefill_tq3",
           "minima.kv_write", "minima.lifecycle")
@@ -58,46 +53,3 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         "top_gpu_kernels_ms_per_step": per_step(gpu),
         "top_runtime_calls_ms_per_step": per_step(runtime),
     }
-
-
-DECODE_ROWS = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*#queue-req: (\d+)")
-
-
-def wait_for_rows(log_path: Path, start: int, batch: int, timeout_s: float, lines: int = 1) -> int:
-    """Wait until ``lines`` of the server's decode lines (from byte ``start`` of its log) have shown
-    ``batch`` requests running and none queued, at most ``timeout_s``; the running requests of the
-    last line then (0: none yet). A fixed wait profiled prefill steps in one arm and decode steps in
-    the other on 2026-12-06 (26 prompts of 4K on a Llama-class model prefill for longer than 20 s);
-    ``lines`` > 1 lets the step settle after the wave's prefill (Minima: its pages converted)."""
-    deadline = time.time() + timeout_s
-    while True:
-        with open(log_path, errors="replace") as f:
-            f.seek(start)
-            seen = [(int(m[1]), int(m[2])) for m in DECODE_ROWS.finditer(f.read())]
-        if seen.count((batch, 0)) >= lines or time.time() >= deadline:
-            return seen[-1][0] if seen else 0
-        time.sleep(1)
-
-
-LOG_LINE = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?, .*?#(new-token|running-req): (\d+),"
-                      r".*(?:input|gen) throughput \(token/s\): ([\d.]+)")
-WARM_UP = 5
-
-
-def log_throughput(log_text: str) -> dict:
-    """The server's logged throughput before its profile: per kind (prefill, decode), the batches at
-    the largest size the log shows (new tokens, running requests) after the first WARM_UP, their
-    median and quartiles in tokens/s. A kind with fewer than 3 such batches is left out."""
-    text = log_text.split("Profiling starts", 1)[0]
-    out = {}
-    for kind in ("Prefill", "Decode"):
-        rows = [(int(m[3]), float(m[4])) for m in LOG_LINE.finditer(text) if m[1] == kind]
-        if not rows:
-            continue
-        size = max(n for n, _ in rows)
-        xs = [t for n, t in rows if n == size][WARM_UP:]
-        if len(xs) >= 3:
-            q1, median, q3 = statistics.quantiles(xs, n=4)
-            out[kind.lower()] = {"size": size, "batches": len(xs), "median": round(median, 1),
-                                 "q1": round(q1, 1), "q3": round(q3, 1)}
-    return out

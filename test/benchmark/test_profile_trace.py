@@ -5,7 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
-from trace_summary import log_throughput, summarize_trace, wait_for_rows  # noqa: E402
+from minima_test_support.sglang_log import scheduler_log  # noqa: E402
+from trace_summary import summarize_trace  # noqa: E402
 
 
 def _ev(name, cat, ts, dur):
@@ -47,8 +48,8 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
             json.dump(trace, f)
     (tmp_path / "minima-fp8-trace").mkdir()  # an arm whose trace was never written
     # the servers' logs beside the traces: the logged throughput comes with the summary
-    (tmp_path / "minima.log").write_text(_log([1000.0] * 5 + [2000.0, 3000.0, 4000.0]))
-    (tmp_path / "sglang-fp8-eager.log").write_text(_log([1000.0] * 5 + [4000.0, 6000.0, 8000.0]))
+    (tmp_path / "minima.log").write_text(scheduler_log([1000.0] * 5 + [2000.0, 3000.0, 4000.0]))
+    (tmp_path / "sglang-fp8-eager.log").write_text(scheduler_log([1000.0] * 5 + [4000.0, 6000.0, 8000.0]))
     script = Path(__file__).resolve().parents[2] / "benchmark" / "serving" / "profile_decode.py"
 
     def run(arms: str, out: str) -> subprocess.CompletedProcess:
@@ -86,69 +87,3 @@ print(flags(2048), flags(1), flags(2048, ["--max-total-tokens=5"]), p.load_token
                          cwd=Path(__file__).resolve().parents[2] / "benchmark" / "serving")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["159744", "-", "-", "256"]
-
-
-def test_a_decode_profile_waits_for_every_request_to_decode(tmp_path):
-    # SGLang's decode lines as the load ramps up: the wait ends at the first with the whole batch
-    # running and none queued, not at a fixed time (2026-12-06: one arm profiled prefill steps)
-    import threading
-    import time
-
-    def line(running: int, queued: int) -> str:
-        return (f"[t] Decode batch, #running-req: {running}, #token: 9, token usage: 0.1, cuda graph: True, "
-                f"gen throughput (token/s): 1.0, #queue-req: {queued}\n")
-
-    log = tmp_path / "server.log"
-    log.write_text(line(26, 0))  # before the load (the server's warm-up, say): not counted
-    start = log.stat().st_size
-
-    def ramp(lines):
-        for text in lines:
-            time.sleep(0.6)
-            with open(log, "a") as f:
-                f.write(text)
-
-    writer = threading.Thread(target=ramp, args=([line(1, 25), line(5, 21), line(26, 0)],))
-    t0 = time.time()
-    writer.start()
-    assert wait_for_rows(log, start, 26, timeout_s=60) == 26
-    assert time.time() - t0 >= 1.5  # it waited for the third line
-    writer.join()
-    # a pool that never holds the batch: the running requests of the last line at the deadline
-    log.write_text(line(26, 0))
-    writer = threading.Thread(target=ramp, args=([line(5, 21)],))
-    writer.start()
-    assert wait_for_rows(log, log.stat().st_size, 26, timeout_s=2) == 5
-    writer.join()
-    assert wait_for_rows(tmp_path / "server.log", log.stat().st_size, 26, timeout_s=0) == 0  # no line yet
-    # settling: the whole batch on more than one line before the profile starts
-    log.write_text("")
-    writer = threading.Thread(target=ramp, args=([line(26, 0), line(26, 0), line(26, 0)],))
-    t0 = time.time()
-    writer.start()
-    assert wait_for_rows(log, 0, 26, timeout_s=60, lines=3) == 26
-    assert time.time() - t0 >= 1.7  # the third line, not the first
-    writer.join()
-
-
-def _log(prefill_tok_s: list[float], decode: list[tuple[int, float]] = ()) -> str:
-    """SGLang 0.5.23's scheduler lines: a partial prefill batch, full ones, then decode batches."""
-    lines = ["[t] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
-             "cuda graph: False, input throughput (token/s): 99999.0"]
-    lines += [f"[t] Prefill batch, #new-seq: 2, #new-token: 256, #cached-token: 0, token usage: 0.02, #running-req: 0, "
-              f"#queue-req: 6, #pending-token: 1792, cuda graph: True, input throughput (token/s): {t}" for t in prefill_tok_s]
-    lines += [f"[t] Decode batch [7], #running-req: {n}, #token: 9, token usage: 0.9, cuda graph: True, "
-              f"gen throughput (token/s): {t}, #queue-req: 0" for n, t in decode]
-    return "\n".join(lines) + "\n"
-
-
-def test_logged_throughput_counts_full_batches_before_the_profile():
-    decode = [(8, 100.0)] * 5 + [(8, 300.0), (4, 9999.0), (8, 500.0), (8, 700.0)]
-    log = _log([50.0] * 5 + [10.0, 20.0, 30.0, 40.0], decode)
-    log += "[t] Profiling starts. Traces will be saved to: x\n" + _log([1e6] * 20)  # profiled: left out
-    got = log_throughput(log)
-    # prefill: the 256-token batches, the first five dropped (the 6-token batch is not a full one)
-    assert got["prefill"] == {"size": 256, "batches": 4, "median": 25.0, "q1": 12.5, "q3": 37.5}
-    # decode: at the most running requests (8), first five dropped; the 4-row batch left out
-    assert got["decode"] == {"size": 8, "batches": 3, "median": 500.0, "q1": 300.0, "q3": 700.0}
-    assert log_throughput(_log([10.0] * 7)) == {}  # two batches after the warm-up: too few for quartiles
