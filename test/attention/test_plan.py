@@ -47,6 +47,7 @@ def test_mixed_formats_split_by_page():
     assert r.tq3_page_starts.tolist() == [4, 8]
     assert (r.num_hot_pages, r.num_hot_tokens, r.num_tq3_pages, r.num_tq3_tokens) == (2, 6, 2, 8)
     assert r.q_start == 3 and r.q_positions.tolist() == [13]
+    assert r.own_tokens_hot  # the query's own token is the last hot one
 
 
 def test_all_stale_prefix_with_new_tokens():
@@ -57,6 +58,16 @@ def test_all_stale_prefix_with_new_tokens():
     assert r.tq3_page_starts.tolist() == [0, 4]
     assert r.hot_positions.tolist() == [8, 9, 10]
     assert r.q_positions.tolist() == [8, 9, 10]
+    assert r.own_tokens_hot
+
+
+def test_own_tokens_hot_only_when_every_query_token_is_hot():
+    # the ops' unmasked path needs the queries' tokens to be the last hot ones: a query token on a
+    # TQ3 page (not a state serving reaches: pages convert once sealed) takes the masked path
+    fmt, phys = _table({0: (FMT_HOT, 1), 1: (FMT_TQ3, 2), 2: (FMT_HOT, 3)})
+    slots = _slots(0, 1, 2, length=10)
+    assert plan_request(slots, fmt, phys, PS, q_start=0, q_len=2).own_tokens_hot
+    assert not plan_request(slots, fmt, phys, PS, q_start=0, q_len=3).own_tokens_hot
 
 
 def test_batch_packs_queries_and_sums_counts():

@@ -68,6 +68,19 @@ def test_flash_attend_matches_naive_softmax_gqa(hq, h):
     assert torch.allclose(lse.double(), want_lse, atol=1e-5)
 
 
+@pytest.mark.parametrize("hq,h", [(4, 4), (9, 3), (6, 1)])
+def test_causal_flash_attend_matches_masked_softmax(hq, h):
+    # a prompt's own tokens: query i sees keys 0..i (the GQA group as a batch, not stacked rows)
+    t = 37
+    q, k, v = torch.randn(t, hq, 64), torch.randn(t, h, 64), torch.randn(t, h, 64)
+    out, lse = flash_attend(q, k, v, 0.1, causal=True)
+    want_out, want_lse = _naive(q, k, v, 0.1, causal_mask(torch.arange(t), torch.arange(t)))
+    assert torch.allclose(out.double(), want_out, atol=1e-5)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5)
+    with pytest.raises(ValueError, match="causal: as many keys as queries"):
+        flash_attend(q, k[:-1], v[:-1], 0.1, causal=True)
+
+
 def test_flash_attend_bad_shapes():
     with pytest.raises(ValueError, match="flash_attend: q"):
         flash_attend(torch.randn(1, 3, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), 1.0)

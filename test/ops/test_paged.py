@@ -74,6 +74,26 @@ def test_hot_causal():
     _close(got, attend(q, *_hot_dense(kv), SM, causal_mask(qpos, torch.arange(40))))
 
 
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("prefix,new,tile", [(0, 40, None), (45, 7, 16), (45, 7, 1000), (60, 1, 7), (3, 33, 2)])
+def test_hot_own_tail_equals_the_masked_path(fp8, prefix, new, tile):
+    # an extend: hot tokens in position order, the queries' own last; the prefix unmasked in tiles
+    # and the own tokens causally by the fused kernel give the masked tiles' result
+    n = prefix + new
+    kv = _hot(n + 20, torch.randperm(n + 20)[:n], fp8, positions=torch.arange(n))
+    q = torch.randn(new, HQ, D)
+    want = hot_paged_attention(q, kv, SM, q_positions=torch.arange(prefix, n), tile_tokens=16)
+    _close(hot_paged_attention(q, kv, SM, tile_tokens=tile, own_tail=True), want)
+
+
+def test_hot_own_tail_rejects_what_it_cannot_attend():
+    kv = _hot(10, torch.arange(10), positions=torch.arange(10))
+    with pytest.raises(ValueError, match="own_tail=True"):
+        hot_paged_attention(torch.randn(11, HQ, D), kv, SM, own_tail=True)  # more queries than hot tokens
+    with pytest.raises(ValueError, match="own_tail=True"):
+        hot_paged_attention(torch.randn(2, HQ, D), kv, SM, q_positions=torch.arange(8, 10), own_tail=True)
+
+
 @pytest.mark.parametrize("key_bits", [3, 4])
 @pytest.mark.parametrize("tile", [1, 3, 16])
 def test_tq3_equals_dense_in_rotated_space(tile, key_bits):
@@ -121,6 +141,18 @@ def test_mixed_equals_dense_over_both_formats():
     v = torch.cat((rot.unrotate(v3), v8))
     kpos = torch.cat((torch.arange(3 * PS), hot_pos))
     _close(got, attend(q, k, v, SM, causal_mask(qpos, kpos)))
+
+
+def test_mixed_own_tail_equals_the_masked_path():
+    # a later prefill chunk over Stale pages and a hot sink / Recent tail: TQ3 pages unmasked (they
+    # precede every query), hot prefix unmasked, own tokens causal
+    tq3, rot = _tq3(8, torch.tensor([3, 6, 1]), torch.arange(1, 4) * PS)
+    hot_pos = torch.cat((torch.arange(PS), torch.arange(4 * PS, 4 * PS + 29)))
+    hot = _hot(100, torch.randperm(100)[:hot_pos.numel()], positions=hot_pos)
+    qpos = torch.arange(4 * PS + 9, 4 * PS + 29)
+    q = torch.randn(qpos.numel(), HQ, D)
+    _close(mixed_paged_attention(q, hot, tq3, rot, SM, own_tail=True),
+           mixed_paged_attention(q, hot, tq3, rot, SM, q_positions=qpos))
 
 
 def test_mixed_with_one_side_empty():

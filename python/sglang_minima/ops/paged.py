@@ -28,6 +28,9 @@ from .scratch import note as note_scratch
 
 DEFAULT_TILE_TOKENS = 256
 DEFAULT_TILE_PAGES = 4
+FLASH_TILE_TOKENS = 4096
+"""Keys a tile holds where the fused kernel attends (``own_tail``): no score matrix, only the
+tile's K and V (4,096 tokens of 3 heads of 64: 6 MiB in fp32)."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +114,12 @@ class KVTile(NamedTuple):
 
 
 def kv_tiles(
-    kv: PagedKV, tile: int, q_positions: torch.Tensor | None = None, *, values: bool = True
+    kv: PagedKV, tile: int, q_positions: torch.Tensor | None = None, *, values: bool = True, end: int | None = None
 ) -> Iterator[KVTile]:
     """The one tile loop: items [start, end) of ``tile`` tokens (hot) or pages (TQ3) at a time, their
-    K (and V) and the causal mask against ``q_positions``. Ops and page mass both read through it."""
-    n = kv.num_items
+    K (and V) and the causal mask against ``q_positions``, up to item ``end`` (all: None). Ops and
+    page mass both read through it."""
+    n = kv.num_items if end is None else end
     for start in range(0, n, tile):
         end = min(start + tile, n)
         k, v = kv.load(start, end) if values else (kv.load_keys(start, end), None)
@@ -140,13 +144,38 @@ def hot_paged_attention(
     kv: HotPagedKV,
     sm_scale: float,
     q_positions: torch.Tensor | None = None,
-    tile_tokens: int = DEFAULT_TILE_TOKENS,
+    tile_tokens: int | None = None,
+    *,
+    own_tail: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D] (original space) over hot tokens -> (out fp32 [T, Hq, Dv], lse base 2 [T, Hq])."""
+    """q [T, Hq, D] (original space) over hot tokens -> (out fp32 [T, Hq, Dv], lse base 2 [T, Hq]).
+
+    ``own_tail``: the last T hot tokens are the queries' own, in order (an extend writes its new
+    tokens hot: ``RequestRoute.own_tokens_hot``), so no positions are needed: the own tokens are
+    attended causally and the tokens before them, visible to every query, in tiles, both by the fused
+    kernel (``flash_attend``) instead of a masked score matrix per tile.
+    """
+    if own_tail:
+        return _hot_own_tail(q, kv, sm_scale, q_positions, tile_tokens or FLASH_TILE_TOKENS)
     _check_causal(q_positions, kv.positions, "hot_paged_attention")
     out, lse = _empty_state(q, kv.v_buffer.shape[-1])
-    for t in kv_tiles(kv, tile_tokens, q_positions):
+    for t in kv_tiles(kv, tile_tokens or DEFAULT_TILE_TOKENS, q_positions):
         out, lse = merge_attention_states(out, lse, *attend(q, t.k, t.v, sm_scale, t.mask))
+    return out, lse
+
+
+def _hot_own_tail(
+    q: torch.Tensor, kv: HotPagedKV, sm_scale: float, q_positions: torch.Tensor | None, tile_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    t, n = q.shape[0], kv.num_items
+    if q_positions is not None or n < t:
+        raise ValueError(f"hot_paged_attention(own_tail=True): no q_positions, and at least the queries' "
+                         f"{t} own tokens among the {n} hot ones")
+    k, v = kv.load(n - t, n)
+    note_scratch(k, v)
+    out, lse = flash_attend(q, k, v, sm_scale, causal=True)
+    for tile in kv_tiles(kv, tile_tokens, end=n - t):
+        out, lse = merge_attention_states(out, lse, *flash_attend(q, tile.k, tile.v, sm_scale))
     return out, lse
 
 
@@ -165,9 +194,10 @@ def tq3_paged_attention(
     ``flash``: every query sees every page (a prompt over the Stale pages before it), attended per
     tile by the fused kernel (``flash_attend``) instead of an explicit score matrix.
     """
-    _check_causal(q_positions, kv.page_starts, "tq3_paged_attention")
     if flash and q_positions is not None:
         raise ValueError("tq3_paged_attention: flash attends without a mask; pass no q_positions")
+    if not flash:  # (flash: every page visible, whatever positions the pages carry)
+        _check_causal(q_positions, kv.page_starts, "tq3_paged_attention")
     out, lse = _empty_state(q_rot, kv.layout.head_dim)
     for t in kv_tiles(kv, tile_pages, q_positions):
         part = flash_attend(q_rot, t.k, t.v, sm_scale) if flash else attend(q_rot, t.k, t.v, sm_scale, t.mask)
@@ -182,12 +212,24 @@ def mixed_paged_attention(
     rotation: LayerRotation,
     sm_scale: float,
     q_positions: torch.Tensor | None = None,
+    *,
+    own_tail: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D] (original space) over hot + TQ3 pages -> (out fp32 original space, lse base 2)."""
+    """q [T, Hq, D] (original space) over hot + TQ3 pages -> (out fp32 original space, lse base 2).
+
+    ``own_tail``: the queries' own tokens are the last T hot ones (``hot_paged_attention``); every TQ3
+    page then precedes them (a page converts once sealed), so it is attended unmasked by the fused
+    kernel too.
+    """
     out, lse = _empty_state(q, q.shape[-1] if hot is None else hot.v_buffer.shape[-1])
     if tq3 is not None and tq3.page_ids.numel():
-        out_rot, lse = tq3_paged_attention(rotation.rotate(q, head_axis=-2), tq3, sm_scale, q_positions)
+        q_rot = rotation.rotate(q, head_axis=-2)
+        if own_tail:
+            tile_pages = max(1, FLASH_TILE_TOKENS // tq3.layout.page_size)
+            out_rot, lse = tq3_paged_attention(q_rot, tq3, sm_scale, tile_pages=tile_pages, flash=True)
+        else:
+            out_rot, lse = tq3_paged_attention(q_rot, tq3, sm_scale, q_positions)
         out = rotation.unrotate(out_rot, head_axis=-2)
     if hot is not None and hot.slots.numel():
-        out, lse = merge_attention_states(out, lse, *hot_paged_attention(q, hot, sm_scale, q_positions))
+        out, lse = merge_attention_states(out, lse, *hot_paged_attention(q, hot, sm_scale, q_positions, own_tail=own_tail))
     return out, lse

@@ -275,13 +275,18 @@ class MinimaNativeAttnBackend(AttentionBackend):
             k_scale=pool.k_scale(lid) if fp8 else None,
             v_scale=pool.v_scale(lid) if fp8 else None,
         )
-        q_positions = route.q_positions
+        # On CPU, where this backend serves, the fused kernel and no masks where the new tokens are the
+        # last hot ones (always, in serving): 3x less time for a 2K prompt. On CUDA it stays the device
+        # tests' fp32 reference (the fused kernel there takes bf16).
+        own_tail = route.own_tokens_hot and q.device.type == "cpu"
+        q_positions = None if own_tail else route.q_positions
         tq3 = None
         if route.num_tq3_pages == 0:
-            out, lse = hot_paged_attention(q, hot, layer.scaling, q_positions)
+            out, lse = hot_paged_attention(q, hot, layer.scaling, q_positions, own_tail=own_tail)
         else:
             tq3 = Tq3PagedKV(pool.tq3_buffer(lid), route.tq3_pages, pool.layout, pool.codebook, route.tq3_page_starts)
-            out, lse = mixed_paged_attention(q, hot, tq3, pool.rotation(lid), layer.scaling, q_positions)
+            out, lse = mixed_paged_attention(q, hot, tq3, pool.rotation(lid), layer.scaling, q_positions,
+                                             own_tail=own_tail)
         if self._page_mass:
             rows = slice(max(0, q.shape[0] - self._window), None) if self._window else slice(None)
             self._add_page_mass(self._page_mass[index], q[rows], route.q_positions[rows], route, layer, hot, tq3,

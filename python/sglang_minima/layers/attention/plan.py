@@ -48,6 +48,9 @@ class RequestRoute:
     """int64 [n_pages]: the distinct logical pages read, in position order (for the route counters)."""
     num_hot_pages: int
     num_tq3_tokens: int
+    own_tokens_hot: bool
+    """Whether the queries' own tokens are the last ``q_len`` hot tokens (an extend writes its new
+    tokens hot): the ops then attend them causally and everything before unmasked (``own_tail``)."""
 
     @property
     def q_positions(self) -> torch.Tensor:
@@ -158,6 +161,7 @@ def plan_request(
         logical_pages=pages[page_start],
         num_hot_pages=int((page_start & is_hot).sum()),
         num_tq3_tokens=int(tq3_positions.numel()),
+        own_tokens_hot=bool(is_hot[kv_len - q_len:].all()),
     )
 
 
