@@ -3,7 +3,9 @@
 Each op returns (out fp32 [T, Hq, Dv], lse fp32 [T, Hq], base 2) for one request's queries over the
 pages it is given, reading one tile of pages at a time (never a dense copy of the whole cache) and
 folding tiles together with merge_attention_states. Causal masking compares query positions with
-key positions, so extend/prefill (new tokens attending causally) and decode share one path.
+key positions, so extend/prefill (new tokens attending causally) and decode share one path; where the
+queries' own tokens are the last hot ones (``own_tail``, every extend in serving) no mask is needed and
+torch's fused kernel attends instead of a score matrix per tile.
 
 Spaces: the TQ3 op takes q already rotated (q' = R q, once per step) and returns out' in the rotated
 space; ``mixed_paged_attention`` takes and returns the original space and un-rotates the TQ3 part
@@ -114,12 +116,12 @@ class KVTile(NamedTuple):
 
 
 def kv_tiles(
-    kv: PagedKV, tile: int, q_positions: torch.Tensor | None = None, *, values: bool = True, end: int | None = None
+    kv: PagedKV, tile: int, q_positions: torch.Tensor | None = None, *, values: bool = True, stop: int | None = None
 ) -> Iterator[KVTile]:
     """The one tile loop: items [start, end) of ``tile`` tokens (hot) or pages (TQ3) at a time, their
-    K (and V) and the causal mask against ``q_positions``, up to item ``end`` (all: None). Ops and
+    K (and V) and the causal mask against ``q_positions``, up to item ``stop`` (all: None). Ops and
     page mass both read through it."""
-    n = kv.num_items if end is None else end
+    n = kv.num_items if stop is None else stop
     for start in range(0, n, tile):
         end = min(start + tile, n)
         k, v = kv.load(start, end) if values else (kv.load_keys(start, end), None)
@@ -174,7 +176,7 @@ def _hot_own_tail(
     k, v = kv.load(n - t, n)
     note_scratch(k, v)
     out, lse = flash_attend(q, k, v, sm_scale, causal=True)
-    for tile in kv_tiles(kv, tile_tokens, end=n - t):
+    for tile in kv_tiles(kv, tile_tokens, stop=n - t):
         out, lse = merge_attention_states(out, lse, *flash_attend(q, tile.k, tile.v, sm_scale))
     return out, lse
 
