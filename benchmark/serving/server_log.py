@@ -24,7 +24,7 @@ WARM_UP = 5
 @dataclass(frozen=True)
 class BatchLine:
     kind: str  # "prefill" or "decode"
-    running: int | None  # requests running (a prefill line before SGLang's first decode may lack it)
+    running: int | None  # requests running (None: a line without the field)
     queued: int | None
     new_tokens: int | None  # prefill lines
     throughput: float | None  # input (prefill) or gen (decode) tokens/s

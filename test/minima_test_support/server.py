@@ -96,6 +96,8 @@ def launch(args: list[str], log_path: Path, env: dict[str, str] | None = None,
         port_taken = code == _UVICORN_STARTUP_FAILURE and "address already in use" in server.log()
         if not port_taken:
             break
+        _kill_group(server)  # the scheduler and detokenizer of the attempt, before its log is reused
+        server.log_path.replace(server.log_path.with_name(f"{server.log_path.name}.port-{server.port}-taken"))
     why = f" (port {server.port} is taken: uvicorn could not bind it)" if port_taken else ""
     raise RuntimeError(f"server exited with {code}{why}:\n{server.log()[-4000:]}")
 
@@ -111,6 +113,13 @@ def _start(args: list[str], log_path: Path, env: dict[str, str] | None, module: 
     return Server(proc, port, log_path, 0.0)
 
 
+def _kill_group(server: Server) -> None:
+    try:
+        os.killpg(server.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _wait_healthy(server: Server) -> int | None:
     """None once /health answers 200 (startup_s set), the exit code if the server died first."""
     t0 = time.time()
@@ -118,7 +127,8 @@ def _wait_healthy(server: Server) -> int | None:
         if server.process.poll() is not None:
             return server.process.returncode
         try:
-            if requests.get(server.url + "/health", timeout=5).status_code == 200:
+            # (and still running: a 200 from another listener on the port is not this server)
+            if requests.get(server.url + "/health", timeout=5).status_code == 200 and server.process.poll() is None:
                 server.startup_s = time.time() - t0
                 return None
         except requests.RequestException:

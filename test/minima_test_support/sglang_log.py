@@ -11,7 +11,8 @@ def decode_line(running: int, tok_s: float = 1.0, queued: int = 0, iters: int | 
 
 
 def scheduler_log(prefill_tok_s: list[float], decode: list[tuple[int, float]] = ()) -> str:
-    """A partial prefill batch (before any decode: no #running-req), full ones, then decode batches."""
+    """A partial prefill batch (abridged: without the #running-req / #queue-req fields), full ones as
+    0.5.23 writes them, then decode batches."""
     lines = ["[t] Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
              "cuda graph: False, input throughput (token/s): 99999.0\n"]
     lines += [f"[t] Prefill batch, #new-seq: 2, #new-token: 256, #cached-token: 0, token usage: 0.02, #running-req: 0, "

@@ -81,6 +81,18 @@ def test_causal_flash_attend_matches_masked_softmax(hq, h):
         flash_attend(q, k[:-1], v[:-1], 0.1, causal=True)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_causal_flash_attend_on_cuda():
+    # the kernel takes bf16 there, its GQA batch as contiguous copies
+    t, hq, h = 300, 12, 4
+    q, k, v = torch.randn(t, hq, 64), torch.randn(t, h, 64), torch.randn(t, h, 64)
+    out, lse = flash_attend(q.cuda(), k.cuda(), v.cuda(), 0.1, causal=True)
+    want_out, want_lse = _naive(q, k, v, 0.1, causal_mask(torch.arange(t), torch.arange(t)))
+    assert torch.allclose(out.cpu().double(), want_out, atol=3e-2)
+    assert torch.allclose(lse.cpu().double(), want_lse, atol=3e-2)
+
+
 def test_flash_attend_bad_shapes():
     with pytest.raises(ValueError, match="flash_attend: q"):
         flash_attend(torch.randn(1, 3, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8), 1.0)

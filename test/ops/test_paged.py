@@ -153,6 +153,11 @@ def test_mixed_own_tail_equals_the_masked_path():
     q = torch.randn(qpos.numel(), HQ, D)
     _close(mixed_paged_attention(q, hot, tq3, rot, SM, own_tail=True),
            mixed_paged_attention(q, hot, tq3, rot, SM, q_positions=qpos))
+    # the own tokens must be there to attend: no hot side, or positions beside own_tail, is refused
+    for bad in (dict(hot=None), dict(q_positions=qpos)):
+        with pytest.raises(ValueError, match="own_tail=True"):
+            kw = dict(hot=hot, q_positions=None) | bad
+            mixed_paged_attention(q, kw["hot"], tq3, rot, SM, kw["q_positions"], own_tail=True)
 
 
 def test_mixed_with_one_side_empty():

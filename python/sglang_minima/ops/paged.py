@@ -223,6 +223,9 @@ def mixed_paged_attention(
     page then precedes them (a page converts once sealed), so it is attended unmasked by the fused
     kernel too.
     """
+    if own_tail and (q_positions is not None or hot is None or hot.num_items < q.shape[0]):
+        raise ValueError("mixed_paged_attention(own_tail=True): no q_positions, and the queries' own tokens "
+                         "among the hot ones")
     out, lse = _empty_state(q, q.shape[-1] if hot is None else hot.v_buffer.shape[-1])
     if tq3 is not None and tq3.page_ids.numel():
         q_rot = rotation.rotate(q, head_axis=-2)
