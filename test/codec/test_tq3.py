@@ -55,6 +55,19 @@ def test_round_trip_shapes_and_original_space(d):
     assert float(((v_hat - v) ** 2).mean() / (v**2).mean()) < 0.06
 
 
+@pytest.mark.parametrize("key_bits,value_bits,page_size,d", [(4, 3, 64, 64), (3, 3, 16, 128), (4, 4, 64, 64), (3, 4, 32, 256)])
+def test_decode_reads_the_codes_unpack_codes_reads(key_bits, value_bits, page_size, d):
+    # decode_pages reads codes through the CPU decode's word reads: the same codes as unpack_codes,
+    # spare bits and all, from any bytes
+    from sglang_minima.codec.tq3 import _unpack
+
+    layout = TQ3PageLayout(3, page_size, d, key_bits, value_bits=value_bits)
+    pages = torch.randint(0, 256, (5, layout.page_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(d))
+    f = page_fields(pages, layout)
+    for kind, packed, bits in ((KEY, f.k_codes, key_bits), (VALUE, f.v_codes, value_bits)):
+        assert torch.equal(_unpack(packed, kind, layout, bits), unpack_codes(packed, kind, page_size, d, bits))
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_key_norm_is_preserved(d):
     layout, rot, cb = _setup(d)
