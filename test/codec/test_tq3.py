@@ -66,6 +66,8 @@ def test_decode_reads_the_codes_unpack_codes_reads(key_bits, value_bits, page_si
     f = page_fields(pages, layout)
     for kind, packed, bits in ((KEY, f.k_codes, key_bits), (VALUE, f.v_codes, value_bits)):
         assert torch.equal(_unpack(packed, kind, layout, bits), unpack_codes(packed, kind, page_size, d, bits))
+        none = packed[:0]  # no pages: empty codes of the same trailing shape, as unpack_codes gives
+        assert _unpack(none, kind, layout, bits).shape == unpack_codes(none, kind, page_size, d, bits).shape
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

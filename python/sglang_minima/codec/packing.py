@@ -151,8 +151,9 @@ def code_ints(words: torch.Tensor, kind: str, page_size: int, head_dim: int) -> 
     spread = (w[..., 0] & mask) | ((w[..., 1] & mask) << 1) | ((w[..., 2] & mask) << 2)
     ext = torch.cat([w.view(w.shape[0], n), spread], dim=1)
     reads, shift = _block_reads(kind, page_size, head_dim, words.device, _rows_bucket(ext.shape[0]))
-    codes = ext.view(-1).index_select(0, reads[: ext.shape[0]].view(-1)).view(ext.shape[0], -1)
-    return codes.bitwise_right_shift_(shift).bitwise_and_(NUM_CODES - 1).view(*lead, -1)
+    # (sizes spelled out: -1 is ambiguous for zero blocks)
+    codes = ext.view(-1).index_select(0, reads[: ext.shape[0]].view(-1)).view(ext.shape[0], page_size * head_dim)
+    return codes.bitwise_right_shift_(shift).bitwise_and_(NUM_CODES - 1).view(*lead, page_size * head_dim)
 
 
 def _rows_bucket(rows: int) -> int:
@@ -223,7 +224,7 @@ def key_pair_fields(words: torch.Tensor, page_size: int, head_dim: int, key_bits
         blocks = words.reshape(-1, n).view(torch.uint8)  # [rows, P*D/2]: one byte per pair
         reads = _key4_byte_reads(page_size, head_dim, words.device, _rows_bucket(blocks.shape[0]))
         fields = blocks.reshape(-1).index_select(0, reads[: blocks.shape[0]].view(-1))
-        return fields.to(torch.int32).view(*lead, -1)
+        return fields.to(torch.int32).view(*lead, page_size * head_dim // 2)
     s0, s1 = WORD_BITS[KEY].spare
     mask = _spread_mask(KEY)
     w = words.reshape(-1, n // TRIPLE_WORDS, TRIPLE_WORDS)
@@ -231,5 +232,5 @@ def key_pair_fields(words: torch.Tensor, page_size: int, head_dim: int, key_bits
     field = ((spread >> s0) & (NUM_CODES - 1)) | (((spread >> s1) & (NUM_CODES - 1)) << TQ3_BITS)
     ext = torch.cat([w.view(w.shape[0], n), field], dim=1)
     reads, shift = _key_field_reads(page_size, head_dim, words.device, _rows_bucket(ext.shape[0]))
-    fields = ext.view(-1).index_select(0, reads[: ext.shape[0]].view(-1)).view(ext.shape[0], -1)
-    return fields.bitwise_right_shift_(shift).bitwise_and_((1 << 2 * TQ3_BITS) - 1).view(*lead, -1)
+    fields = ext.view(-1).index_select(0, reads[: ext.shape[0]].view(-1)).view(ext.shape[0], page_size * head_dim // 2)
+    return fields.bitwise_right_shift_(shift).bitwise_and_((1 << 2 * TQ3_BITS) - 1).view(*lead, page_size * head_dim // 2)
