@@ -8,7 +8,8 @@ the new tokens FP8, as an extend writes them). Its route is planned as the CPU s
 the masked path (positions, a score matrix per tile of 256 hot tokens / 4 TQ3 pages) and the fused
 kernel (``own_tail``: the new tokens causally, everything before unmasked). The figure is their
 ratio in one process, calls interleaved (median of ``--repeats``); the outputs' largest difference
-is printed beside it. ``x layers`` scales one layer to the model's 30.
+is printed beside it, and the time ``decode_pages`` takes for the case's TQ3 pages (both paths decode
+them so). ``x layers`` scales one layer to the model's 30.
 
     PYTHONPATH=python python benchmark/ops/bench_cpu_extend.py --json docs/results/cpu_extend.json
 
@@ -30,7 +31,7 @@ from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.fp8 import fp8_quantize
 from sglang_minima.codec.layout import TQ3PageLayout
 from sglang_minima.codec.rotation import LayerRotation
-from sglang_minima.codec.tq3 import encode_pages
+from sglang_minima.codec.tq3 import decode_pages, encode_pages
 from sglang_minima.layers.attention.plan import plan_request
 from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.ops.paged import HotPagedKV, Tq3PagedKV, mixed_paged_attention
@@ -86,23 +87,25 @@ def main() -> None:
         masked = lambda: mixed_paged_attention(q, hot, tq3, rotation, sm, route.q_positions)  # noqa: E731
         fused = lambda: mixed_paged_attention(q, hot, tq3, rotation, sm, own_tail=True)  # noqa: E731
         (o1, l1), (o2, l2) = masked(), fused()
-        times = {"masked": [], "fused": []}
+        pages = tq3.buffer[tq3.page_ids]
+        decode = lambda: decode_pages(pages, tq3.layout, tq3.codebook)  # noqa: E731
+        times = {"masked": [], "fused": [], "decode": []}
         for _ in range(args.repeats):
-            for name, f in (("masked", masked), ("fused", fused)):
+            for name, f in (("masked", masked), ("fused", fused), ("decode", decode)):
                 t0 = time.perf_counter()
                 f()
                 times[name].append(time.perf_counter() - t0)
         ms = {k: statistics.median(v) * 1000 for k, v in times.items()}
         rows.append({"prefix": prefix, "new": new, "tq3_pages": route.num_tq3_pages, "hot_tokens": route.num_hot_tokens,
                      "masked_ms": round(ms["masked"], 2), "fused_ms": round(ms["fused"], 2),
-                     "speedup": round(ms["masked"] / ms["fused"], 2),
+                     "speedup": round(ms["masked"] / ms["fused"], 2), "tq3_decode_ms": round(ms["decode"], 2),
                      "max_abs_diff_out": float((o1 - o2).abs().max()), "max_abs_diff_lse": float((l1 - l2).abs().max())})
     lines = [f"| prefix | new | TQ3 pages | hot tokens | masked ms | fused ms | x{LAYERS} layers, masked / fused ms | "
-             "speedup | max diff out / lse |", "|---|---|---|---|---|---|---|---|---|"]
+             "speedup | TQ3 decode ms | max diff out / lse |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['prefix']} | {r['new']} | {r['tq3_pages']} | {r['hot_tokens']} | {r['masked_ms']} | "
                      f"{r['fused_ms']} | {r['masked_ms'] * LAYERS:.0f} / {r['fused_ms'] * LAYERS:.0f} | "
-                     f"**{r['speedup']}x** | {r['max_abs_diff_out']:.1e} / {r['max_abs_diff_lse']:.1e} |")
+                     f"**{r['speedup']}x** | {r['tq3_decode_ms']} | {r['max_abs_diff_out']:.1e} / {r['max_abs_diff_lse']:.1e} |")
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps({

@@ -321,7 +321,8 @@ def _unpack(packed: torch.Tensor, kind: str, layout: TQ3PageLayout, bits: int) -
     """``unpack_codes`` of a head's code blocks [..., bytes] -> codes [..., P, D], through the CPU
     decode's word reads where they apply (``packing.code_ints`` / ``key_pair_fields``, bit-exact with
     ``unpack_codes``, tested): a few long ops instead of a gather per code and a loop over the spare
-    pair's bits (2026-12-06: 9.6 of decode_pages' 14.6 ms for 92 pages of SmolLM2)."""
+    pair's bits (2026-12-06, bench_cpu_extend.py's TQ3 decode column: 12.1 to 6.6-7.4 ms for 92
+    pages of SmolLM2)."""
     p, d = layout.page_size, layout.head_dim
     if packed.device.type != "cpu" or packed.shape[-1] % 4:  # (the word reads are tested on CPU)
         return unpack_codes(packed, kind, p, d, bits)
