@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sglang_minima.codec.codebook import tq3_codebook
+from sglang_minima.codec.codebook import key_codebook, tq3_codebook
 from sglang_minima.codec.fp8 import fp8_dequantize, fp8_quantize
 from sglang_minima.codec.layout import KEY, VALUE, TQ3PageLayout
 from sglang_minima.codec.packing import unpack_codes
@@ -108,6 +108,22 @@ def test_key_codes_follow_the_definition():
     assert torch.equal(codes.long(), want)
     code_norm = sqrt(sum_of_squares(cb.centroids[codes.long()]))
     assert torch.equal(s, div(n, code_norm).to(torch.float16))
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_dequantize_keys_is_the_codebook_gather(bits):
+    # centroids_of gathers through one flat index_select: the same values as the definition's advanced
+    # index, for every shape a caller passes (non-contiguous codes, no codes at all)
+    cb = key_codebook(64, bits)
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 1 << bits, (5, 3, 16, 64), generator=g, dtype=torch.uint8)
+    s = (torch.rand(5, 3, 16, generator=g) + 0.5).to(torch.float16)
+    for c, corr in ((codes, s), (codes.transpose(1, 2), s.transpose(1, 2)), (codes[:0], s[:0])):
+        want = corr.float().unsqueeze(-1) * cb.centroids[c.long()]
+        got = dequantize_keys(c, corr, cb)
+        assert got.shape == c.shape and torch.equal(got, want)
+    with pytest.raises(ValueError, match="TQ3 codes must be <"):
+        dequantize_keys(codes | (1 << bits), s, cb)
 
 
 def test_sum_of_squares_order():
