@@ -57,9 +57,14 @@ def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int =
         return [[diff(k) for k in keys if runs[0][k][0] == t] for t in tasks]
 
     pooled_diffs = per_task(lambda k: float(np.mean([r[k][1] for r in runs])))
+    signs = [{int(np.sign(r[k][1])) for r in runs} for k in keys]
     return {"examples": len(keys), "tasks": len(tasks),
             "per_run": [niah.macro_diff(per_task(lambda k, r=r: r[k][1])) for r in runs],
-            "pooled": niah.macro_diff(pooled_diffs), "ci95": niah.macro_ci(pooled_diffs, resamples, seed)}
+            "pooled": niah.macro_diff(pooled_diffs), "ci95": niah.macro_ci(pooled_diffs, resamples, seed),
+            # whether the replicates' differences are the same examples' (the arm's own, which more
+            # replicates cannot average away) or each call's (greedy answers moving between calls)
+            "lost_in_every_run": sum(s == {-1} for s in signs), "gained_in_every_run": sum(s == {1} for s in signs),
+            "changed_in_some_runs": sum(len(s) > 1 for s in signs)}
 
 
 def together(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
@@ -96,6 +101,9 @@ def main() -> None:
         none = "no example" + (f" of length {args.length}" if args.length else "")
         print(f"  {d}:{run.label}: {none if m is None else f'{m:+.2f}'}")
     print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
+    if not args.disjoint and len(runs) > 1:
+        print(f"  examples that lost in every run: {r['lost_in_every_run']}, gained in every run: "
+              f"{r['gained_in_every_run']}, changed in some runs only: {r['changed_in_some_runs']}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ def test_replicates_pool_per_example_on_the_examples_every_run_answered(tmp_path
     assert r["per_run"] == [pytest.approx(-50.0), pytest.approx(-25.0)]  # a: (-100 + 0) / 2; b: (0 - 50) / 2
     lo, hi = r["ci95"]
     assert lo <= r["pooled"] <= hi and lo < hi
+    # each loss is one run's only: no example lost (or gained) in both
+    assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == (0, 0, 2)
     # without the length filter, run a's 2K example (-100) is a cell of its own in run a
     assert pooled_delta.paired(a, pooled_delta.niah.Run("minima", "256"), "fp8", None)["niah_single_1/2048/0"] == (
         "niah_single_1", -100.0)
@@ -69,3 +71,18 @@ def test_a_run_is_dir_arm_and_chunk():
     assert directory == Path("docs/results/x") and (run.arm, run.chunk) == ("minima-k4", "256")
     with pytest.raises(argparse.ArgumentTypeError, match="DIR:ARM@CHUNK"):
         pooled_delta.parse_run("minima-k4@256")
+
+
+def test_replicates_count_the_examples_that_repeat_their_change(tmp_path):
+    # an example lost in every run is the arm's own (a replicate cannot average it away); one lost in
+    # some runs only moved between calls
+    keys = [("niah_single_3", 2048, i) for i in range(5)]
+    runs = []
+    for name, minima in (("a", [0, 0, 100, 100, 50]), ("b", [0, 100, 100, 100, 50]), ("c", [0, 0, 100, 0, 50])):
+        d = tmp_path / name
+        _answers(d, "fp8@default", dict(zip(keys, [100.0, 100.0, 0.0, 100.0, 0.0])))
+        _answers(d, "minima@default", dict(zip(keys, map(float, minima))))
+        runs.append(pooled_delta.paired(d, pooled_delta.niah.Run("minima", "default"), "fp8", 2048))
+    r = pooled_delta.pooled(runs, resamples=100)
+    # example 0 lost in all three; 1 lost in a and c, unchanged in b; 2 and 4 gained in all; 3 lost in c only
+    assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == (1, 2, 2)
