@@ -149,6 +149,11 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("minima-native", "sglang_minima.launch_server", ("--attention-backend", "minima_native")),
         # the defaults with prefill admission that never converts a live request's sink or Recent pages
         ArmSpec("minima-strict", "sglang_minima.launch_server", ("--minima-strict-hot-admission",)),
+        # the defaults with a smaller FP8 share of the pool (a default candidate: at 25% a Llama-class
+        # token costs 1/1.68 of FP8's, short of #16 (c)'s 1.7x): the smaller hot pool converts more
+        # pages under pressure, which is what these arms measure
+        *(ArmSpec(f"minima-fp8share{n}", "sglang_minima.launch_server", ("--minima-fp8-page-fraction", f"0.{n}"))
+          for n in (15, 20)),
     )
 } | {
     a.name: _pinned(a)

@@ -149,3 +149,14 @@ def test_the_macro_by_length_averages_each_lengths_tasks_and_flags_a_length_with
     assert result["macro"]["minima@256"]["diff_vs_ref"] == -25.0
     md = niah.markdown(result, args)
     assert "| minima@256 | -25.0 [-25.0, -25.0]* | -25.0 [" in md
+
+
+def test_every_minima_arm_is_a_valid_minima_config():
+    # an arm whose flags the launcher refuses would only fail on the device, after its server start
+    from sglang_minima.config import parse_minima_argv, split_minima_argv
+
+    for arm in niah.ARMS.values():
+        minima_argv, _ = split_minima_argv(list(arm.flags))
+        config = parse_minima_argv(minima_argv)
+        if arm.name.startswith("minima-fp8share"):
+            assert config.fp8_page_fraction == int(arm.name.removeprefix("minima-fp8share")) / 100
