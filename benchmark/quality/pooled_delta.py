@@ -47,7 +47,8 @@ def paired(directory: Path, run: niah.Run, reference: str, length: int | None) -
 
 def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
     """The macro (mean over tasks) of the per-example differences averaged over ``runs``, on the
-    examples in every run, with its bootstrap 95% interval; and each run's own macro there."""
+    examples in every run, with its bootstrap 95% interval; each run's own macro there; and how many
+    examples lost (gained) in every run, and changed in some runs only."""
     keys = sorted(set.intersection(*(set(r) for r in runs)))
     if not keys:
         raise SystemExit("no example is in every run")

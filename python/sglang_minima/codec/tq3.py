@@ -101,7 +101,7 @@ def _sphere_codes(x_rot: torch.Tensor, codebook: Codebook) -> tuple[torch.Tensor
 
 def centroids_of(codes: torch.Tensor, codebook: Codebook) -> torch.Tensor:
     """centroids[codes] fp32, shaped as ``codes``: the same gather as ``centroids[codes.long()]``, through
-    one flat ``index_select``, which torch's CPU runs several times faster than the advanced index
+    one flat ``index_select``, which torch's CPU runs faster than the advanced index
     (decode_pages of 92 SmolLM2 pages 6.3-6.9 to 4.5-5.2 ms: docs/results/serving.md)."""
     centroids = codebook.centroids.to(codes.device)
     return centroids.index_select(0, codes.reshape(-1).long()).view(codes.shape)
