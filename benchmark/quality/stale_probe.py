@@ -360,6 +360,16 @@ class MinimaEmulation:
         return self.tok.decode(tokens, skip_special_tokens=True), hidden, local
 
 
+def example_keys(spec: str) -> tuple[str, ...]:
+    """``--keys``: example keys (``task/length/index``) comma-separated, or ``@FILE``, one a line (sorted:
+    the run's JSON records them)."""
+    text = Path(spec[1:]).read_text() if spec.startswith("@") else spec.replace(",", "\n")
+    keys = {k.strip() for k in text.splitlines() if k.strip()}
+    if not keys:
+        raise argparse.ArgumentTypeError(f"--keys {spec!r}: no example key")
+    return tuple(sorted(keys))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="niah_single_2,niah_multikey_1,niah_multivalue,niah_multiquery")
@@ -369,6 +379,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--start", type=int, default=0,
                     help="skip the first examples of the round robin (those an earlier run answered)")
+    ap.add_argument("--keys", type=example_keys, default=None, metavar="KEYS|@FILE",
+                    help="only these examples (task/length/index, comma-separated, or a file of one a line): "
+                         "the ones a served run lost, say, out of --tasks' first --n")
     ap.add_argument("--recent-pages", type=int, default=4)
     ap.add_argument("--sink-pages", type=int, default=1)
     ap.add_argument("--snap-window", type=int, default=64,
@@ -409,6 +422,11 @@ def main() -> None:
         per_task.append(generate(task, args.length, args.n, default_model_dir()))
     # round robin over the tasks: a run cut by --time-budget-s covers every task alike
     examples: list[Example] = [ex for group in zip(*per_task) for ex in group][args.start:]
+    if args.keys is not None:
+        wanted = set(args.keys)
+        if missing := sorted(wanted - {ex.key for ex in examples}):
+            raise SystemExit(f"--keys: not among --tasks' first --n examples at --length: {missing[:5]}")
+        examples = [ex for ex in examples if ex.key in wanted]
     results: dict[str, dict] = {m: {"scores": [], "answers": [], "hidden_err": [], "local_err": [], "ops": [],
                                     "anchors": [], "answer_pages": []} for m in modes}
     t0 = time.time()

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "quality"))
 
-from stale_probe import KVState, MinimaEmulation, Mode, Tiers, pooled, report  # noqa: E402
+from stale_probe import KVState, MinimaEmulation, Mode, Tiers, example_keys, pooled, report  # noqa: E402
 
 from sglang_minima.ops.dense import attend, causal_mask  # noqa: E402
 
@@ -156,3 +156,16 @@ def test_the_report_pools_runs_pairs_examples_and_takes_the_macro_over_tasks(tmp
     assert cells[5] == f"{(0.2 + 0.4 + 0.0) / 3:.4f}"  # b's 0.6 is the duplicate's
     with pytest.raises(SystemExit, match="no records of"):
         report([a], ["bf16@256"])
+
+
+def test_keys_come_comma_separated_or_from_a_file(tmp_path):
+    import argparse
+
+    assert example_keys("niah_single_3/2048/7,niah_multiquery/2048/10") == (
+        "niah_multiquery/2048/10", "niah_single_3/2048/7")
+    f = tmp_path / "lost.txt"
+    f.write_text("niah_single_3/2048/7\n\nniah_single_3/2048/7\nniah_multivalue/2048/1\n")
+    assert example_keys(f"@{f}") == ("niah_multivalue/2048/1", "niah_single_3/2048/7")  # once each
+    assert json.loads(json.dumps(example_keys(f"@{f}"))) == ["niah_multivalue/2048/1", "niah_single_3/2048/7"]
+    with pytest.raises(argparse.ArgumentTypeError, match="no example key"):
+        example_keys(" , ")
