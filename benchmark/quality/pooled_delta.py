@@ -47,8 +47,8 @@ def paired(directory: Path, run: niah.Run, reference: str, length: int | None) -
 
 def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
     """The macro (mean over tasks) of the per-example differences averaged over ``runs``, on the
-    examples in every run, with its bootstrap 95% interval; each run's own macro there; and how many
-    examples lost (gained) in every run, and changed in some runs only."""
+    examples in every run, with its bootstrap 95% interval; each run's own macro there; the examples
+    lost in every run (their keys), and how many gained in every run and changed in some runs only."""
     keys = sorted(set.intersection(*(set(r) for r in runs)))
     if not keys:
         raise SystemExit("no example is in every run")
@@ -64,7 +64,8 @@ def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int =
             "pooled": niah.macro_diff(pooled_diffs), "ci95": niah.macro_ci(pooled_diffs, resamples, seed),
             # whether the replicates' differences are the same examples' (the arm's own, which more
             # replicates cannot average away) or each call's (greedy answers moving between calls)
-            "lost_in_every_run": sum(s == {-1} for s in signs), "gained_in_every_run": sum(s == {1} for s in signs),
+            "lost_in_every_run": [k for k, s in zip(keys, signs) if s == {-1}],
+            "gained_in_every_run": sum(s == {1} for s in signs),
             "changed_in_some_runs": sum(len(s) > 1 for s in signs)}
 
 
@@ -91,6 +92,9 @@ def main() -> None:
     ap.add_argument("--reference", default="fp8")
     ap.add_argument("--length", type=int, help="only examples of this RULER length")
     ap.add_argument("--bootstrap", type=int, default=5000)
+    ap.add_argument("--lost-keys", type=Path, metavar="FILE",
+                    help="replicates: write the keys of the examples lost in every run, one a line "
+                         "(stale_probe.py --keys @FILE runs them in the emulation)")
     ap.add_argument("--disjoint", action="store_true",
                     help="the runs hold different examples: put their differences together (not replicates)")
     args = ap.parse_args()
@@ -103,8 +107,12 @@ def main() -> None:
         print(f"  {d}:{run.label}: {none if m is None else f'{m:+.2f}'}")
     print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
     if not args.disjoint and len(runs) > 1:
-        print(f"  examples that lost in every run: {r['lost_in_every_run']}, gained in every run: "
+        print(f"  examples that lost in every run: {len(r['lost_in_every_run'])}, gained in every run: "
               f"{r['gained_in_every_run']}, changed in some runs only: {r['changed_in_some_runs']}")
+        if args.lost_keys:
+            args.lost_keys.write_text("".join(k + "\n" for k in r["lost_in_every_run"]))
+    elif args.lost_keys:
+        raise SystemExit("--lost-keys: give two or more replicate runs (not --disjoint)")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def test_replicates_pool_per_example_on_the_examples_every_run_answered(tmp_path
     lo, hi = r["ci95"]
     assert lo <= r["pooled"] <= hi and lo < hi
     # each loss is one run's only: no example lost (or gained) in both
-    assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == (0, 0, 2)
+    assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == ([], 0, 2)
     # without the length filter, run a's 2K example (-100) is a cell of its own in run a
     assert pooled_delta.paired(a, pooled_delta.niah.Run("minima", "256"), "fp8", None)["niah_single_1/2048/0"] == (
         "niah_single_1", -100.0)
@@ -85,4 +85,5 @@ def test_replicates_count_the_examples_that_repeat_their_change(tmp_path):
         runs.append(pooled_delta.paired(d, pooled_delta.niah.Run("minima", "default"), "fp8", 2048))
     r = pooled_delta.pooled(runs, resamples=100)
     # example 0 lost in all three; 1 lost in a and c, unchanged in b; 2 and 4 gained in all; 3 lost in c only
-    assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == (1, 2, 2)
+    assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == (
+        ["niah_single_3/2048/0"], 2, 2)
