@@ -156,6 +156,16 @@ def code_ints(words: torch.Tensor, kind: str, page_size: int, head_dim: int) -> 
     return codes.bitwise_right_shift_(shift).bitwise_and_(NUM_CODES - 1).view(*lead, page_size * head_dim)
 
 
+def value_code_ints(words: torch.Tensor, page_size: int, head_dim: int, value_bits: int = TQ3_BITS) -> torch.Tensor:
+    """int32 words [..., P*D*value_bits/32] of value code blocks -> int32 codes [..., P*D], (token, dim)
+    order: 3-bit values through ``code_ints``' spread words, 4-bit codes (each four adjacent bits of one
+    word) through ``unpack_codes``."""
+    if value_bits == TQ3_BITS:
+        return code_ints(words, VALUE, page_size, head_dim)
+    codes = unpack_codes(words.view(torch.uint8), VALUE, page_size, head_dim, value_bits)
+    return codes.view(*words.shape[:-1], page_size * head_dim).to(torch.int32)
+
+
 def _rows_bucket(rows: int) -> int:
     """Blocks per cached read index: the next power of two (a few cached sizes serve every tile)."""
     return 1 << max(rows - 1, 0).bit_length()

@@ -25,7 +25,7 @@ import torch
 from .codebook import Codebook, key_codebook
 from .fp8 import Scale, fp8_dequantize
 from .layout import KEY, UNIFORM_VALUES, VALUE, TQ3PageLayout
-from .packing import TQ3_BITS, code_ints, key_pair_fields, pack_codes, unpack_codes
+from .packing import key_pair_fields, pack_codes, unpack_codes, value_code_ints
 from .rotation import LayerRotation
 
 # Squared norms below the smallest normal fp32 are coded as zero (codes 0, scale 0): keeps sqrt(d)/n
@@ -326,7 +326,7 @@ def _keys_of(f: TQ3PageFields, layout: TQ3PageLayout, codebook: Codebook) -> tor
 
 def _unpack(packed: torch.Tensor, kind: str, layout: TQ3PageLayout, bits: int) -> torch.Tensor:
     """``unpack_codes`` of a head's code blocks [..., bytes] -> codes [..., P, D], through the CPU
-    decode's word reads where they apply (``packing.code_ints`` / ``key_pair_fields``, bit-exact with
+    decode's word reads where they apply (``packing.key_pair_fields`` / ``value_code_ints``, bit-exact with
     ``unpack_codes``, tested): a few long ops instead of a gather per code and a loop over the spare
     pair's bits (2026-12-06, bench_cpu_extend.py's TQ3 decode column: 12.1 to 6.6-7.4 ms for 92
     pages of SmolLM2)."""
@@ -337,10 +337,8 @@ def _unpack(packed: torch.Tensor, kind: str, layout: TQ3PageLayout, bits: int) -
     if kind == KEY:  # pair fields: code(2j) | code(2j + 1) << bits
         fields = key_pair_fields(words, p, d, bits)
         codes = torch.stack((fields & ((1 << bits) - 1), fields >> bits), dim=-1)
-    elif bits == TQ3_BITS:
-        codes = code_ints(words, kind, p, d)
     else:
-        return unpack_codes(packed, kind, p, d, bits)
+        codes = value_code_ints(words, p, d, bits)
     return codes.to(torch.uint8).view(*packed.shape[:-1], p, d)
 
 

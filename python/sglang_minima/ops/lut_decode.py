@@ -6,7 +6,7 @@ FP8 scales applied to scores, weights and outputs instead of to every key and va
 the reference spends its time on (profiled in docs/results/cpu_decode.md) and what replaces it:
 
 * TQ3 code unpacking (a gather of its word, a shift and a mask per code, by advanced indexing):
-  ``codec.packing.key_pair_fields`` / ``code_ints`` give a tile's codes in (token, dim) order with
+  ``codec.packing.key_pair_fields`` / ``value_code_ints`` give a tile's codes in (token, dim) order with
   one 1-D gather of words, one shift and one mask over the whole tile (each triple gets one extra
   word for its spare pair, so every code is adjacent bits of one word).
 * key centroids: a key's pair of adjacent dims is one 6-bit field (4-bit keys: one byte), so one
@@ -33,8 +33,8 @@ import torch
 
 from ..codec.codebook import Codebook
 from ..codec.fp8 import Scale, fp8_dequantize
-from ..codec.layout import TQ3_BITS, UNIFORM_VALUES, VALUE, TQ3PageLayout
-from ..codec.packing import code_ints, key_pair_fields, unpack_codes
+from ..codec.layout import UNIFORM_VALUES, TQ3PageLayout
+from ..codec.packing import key_pair_fields, value_code_ints
 from ..codec.tq3 import check_codebook, value_codebook
 from ..codec.rotation import LayerRotation
 from .batched_decode import PageList, page_tiles, token_visibility
@@ -163,17 +163,6 @@ def lut_hot_batch_decode(
     return _scaled(out, v_scale), lse
 
 
-def _value_codes(words: torch.Tensor, layout: TQ3PageLayout) -> torch.Tensor:
-    """int32 words [n, H, P*D*value_bits/32] of value code blocks -> their codes [n, H, P*D], (token,
-    dim) order: 3-bit triples through ``code_ints``' spread words, 4-bit codes (each four adjacent bits
-    of one word) through ``unpack_codes``."""
-    ps, d = layout.page_size, layout.head_dim
-    if layout.value_bits == TQ3_BITS:
-        return code_ints(words, VALUE, ps, d)
-    codes = unpack_codes(words.view(torch.uint8), VALUE, ps, d, layout.value_bits)
-    return codes.view(*words.shape[:-1], ps * d).to(torch.int32)
-
-
 def lut_tq3_batch_decode(
     q_rot: torch.Tensor,
     tq3: PageList,
@@ -217,7 +206,7 @@ def lut_tq3_batch_decode(
         p, m, denom = _segment_softmax(s, req, visible, b)
         # values scale * code + zero (uniform) or scale * centroid[code] (lloyd-max): the scale folds
         # into the weights, the zero into their sum
-        codes = _value_codes(pw[:, v0 : v0 + v_words].reshape(n, h, -1), layout)
+        codes = value_code_ints(pw[:, v0 : v0 + v_words].reshape(n, h, -1), ps, d, layout.value_bits)
         w = (p * v_scale).view(n * h, g, ps)
         if v_levels is None:
             v_zero = fp16[:, layout.v_zero_offset // 2 : layout.v_zero_offset // 2 + meta].view(n, h, 1, ps)
