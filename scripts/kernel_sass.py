@@ -6,6 +6,7 @@ any device time is spent (docs/results/kernels.md quotes these counts).
 
     python scripts/kernel_sass.py 24/4/256 [--page 64] [--set warps=12 --set shift_by_imad=1] [--sass out.sass]
     python scripts/kernel_sass.py 24/4/256 --fused     # mixed_decode_kernel: its TQ3 and FP8 roles' loops
+    python scripts/kernel_sass.py 32/8/128 --key-bits 4 --key-center   # the server's key format, page-centered
 
 Needs tilelang (the gpu extra), nvcc, and cuobjdump with nvdisasm (on PATH, or
 ``pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm``).
@@ -58,18 +59,22 @@ def cuobjdump(cubin: Path, flag: str) -> str:
     return done.stdout
 
 
-def build_options(heads: str, page: int, options: dict, fused: bool = False) -> dict:
+def build_options(heads: str, page: int, options: dict, fused: bool = False, key_bits: int = 3,
+                  key_center: bool = False) -> dict:
     """tile_config's build (with the FP8 role's, ``fused``: the library's mixed_decode_kernel) under ``options``."""
     hq, h, d = (int(x) for x in heads.split("/"))
-    build = tile_config(hq // h, page, d)
+    build = tile_config(hq // h, page, d, None, key_bits, key_center)
     return {**(fused_build_of(build, page) if fused else build), **options}
 
 
-def build_cubin(heads: str, page: int, options: dict, workdir: Path, fused: bool = False) -> Path:
+def build_cubin(heads: str, page: int, options: dict, workdir: Path, fused: bool = False, key_bits: int = 3,
+                key_center: bool = False) -> Path:
     hq, h, d = (int(x) for x in heads.split("/"))
-    build = build_options(heads, page, options, fused)
+    build = build_options(heads, page, options, fused, key_bits, key_center)
     jit = mixed_decode_kernel if fused else tq3_decode_kernel
-    tir = jit.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d), *(("bfloat16",) if fused else ()), **build)
+    center = {"key_center": True} if key_center else {}
+    tir = jit.get_tir(h, hq // h, d, page, d**-0.5, key_centroids_fp16(d, key_bits), *(("bfloat16",) if fused else ()),
+                      **build, **center)
     kernel = tilelang.compile(tir, target=SM90A, execution_backend="tvm_ffi", pass_configs=jit.pass_configs)
     source = workdir / "tq3_decode.cu"
     source.write_text(kernel.get_kernel_source())
@@ -113,17 +118,19 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=INT", help="build option over tile_config")
     ap.add_argument("--sass", help="also write the whole disassembly here")
     ap.add_argument("--fused", action="store_true", help="mixed_decode_kernel (TQ3 and FP8 roles) instead of the TQ3 decode")
+    ap.add_argument("--key-bits", type=int, default=3, choices=(3, 4), help="the key code width (--minima-key-bits)")
+    ap.add_argument("--key-center", action="store_true", help="page-centered keys (--minima-key-center)")
     args = ap.parse_args()
     options = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = build_cubin(args.heads, args.page, options, Path(tmp), args.fused)
+        cubin = build_cubin(args.heads, args.page, options, Path(tmp), args.fused, args.key_bits, args.key_center)
         sass = cuobjdump(cubin, "-sass")
         usage = cuobjdump(cubin, "-res-usage")
     if args.sass:
         Path(args.sass).write_text(sass)
     resources = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
     print(f"{args.heads} page {args.page} {options or ''}: {resources.group(0) if resources else usage.strip()}")
-    build = build_options(args.heads, args.page, options, args.fused)
+    build = build_options(args.heads, args.page, options, args.fused, args.key_bits, args.key_center)
     roles = [("TQ3", build["step_chunks"]), ("FP8", build.get("fp8_step_chunks", 0))][: 2 if args.fused else 1]
     for (role, chunks), loop in zip(roles, role_loops(sass, len(roles)), strict=True):
         counts = collections.Counter(opcode(t) for t in loop)

@@ -76,9 +76,10 @@ def flashinfer_decode(
     return lambda: w.run(q, (k, v), k_scale=scales[0], v_scale=scales[1], out=out, lse=lse, return_lse=True)
 
 
-def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str, key_bits: int = 3) -> torch.Tensor:
+def tq3_pool(n_pages: int, h: int, d: int, rotation: LayerRotation, dev: str, key_bits: int = 3,
+             key_center: bool = False) -> torch.Tensor:
     """n_pages TQ3P pages: TQ3_BASE_PAGES encoded from random K/V by the torch codec (on the GPU), tiled."""
-    layout = TQ3PageLayout(h, PAGE, d, key_bits)
+    layout = TQ3PageLayout(h, PAGE, d, key_bits, key_center)
     base = min(n_pages, TQ3_BASE_PAGES)
     k = torch.randn(base, h, PAGE, d, device=dev)
     v = torch.randn(base, h, PAGE, d, device=dev)
@@ -101,17 +102,17 @@ FUSED_WEIGHTS = (0.5, 1.0, 2.0)  # FP8 chunk weights of the fused decode's split
 
 
 def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: str, lean: bool = False,
-               key_bits: int = 3) -> list[dict]:
+               key_bits: int = 3, key_center: bool = False) -> list[dict]:
     """All Stale fractions of one shape. ``lean``: FlashInfer, the mixed decode (the library's: fused)
     and the two-launch paths with each FP8 kernel, the TQ3 kernel alone, without the split sweeps,
     build variants and per-part timings. ``key_bits``: the TQ3 pages' key width (the build variants
-    are 3-bit keys' only)."""
+    are 3-bit keys' only); ``key_center``: page-centered keys."""
     hq, h, d = GEOMETRIES[geom]
     pages_per_req = ctx // PAGE
     n_pages = batch * pages_per_req
     tokens = batch * ctx
     bf16_bytes = tokens * h * d * 2 * 2
-    layout = TQ3PageLayout(h, PAGE, d, key_bits)
+    layout = TQ3PageLayout(h, PAGE, d, key_bits, key_center)
     pool_bytes = bf16_bytes * 3 // 2 + n_pages * layout.page_bytes
     if pool_bytes > MAX_POOL_BYTES:
         return [{"geom": geom, "batch": batch, "ctx": ctx, "skipped": f"pools need {pool_bytes / 2**30:.0f} GiB"}]
@@ -154,10 +155,10 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
     rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
     signs = rotation.signs.to(dev)
     max_tq3 = round(max(STALE) * pages_per_req)
-    tq3 = tq3_pool(max(batch * max_tq3, 1), h, d, rotation, dev, key_bits)
+    tq3 = tq3_pool(max(batch * max_tq3, 1), h, d, rotation, dev, key_bits, key_center)
     tq3_perm = torch.randperm(tq3.shape[0], device="cpu").to(torch.int32)
     fp8_perm_cpu = perm.cpu()
-    wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, key_bits=key_bits)
+    wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, key_bits=key_bits, key_center=key_center)
     variant_wrappers = {}  # MIXED_TQ3_VARIANTS' mixed decodes
     one_page_wrapper = None  # the TileLang FP8 decode with 1 page per step
     for frac in STALE:
@@ -236,7 +237,8 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # the TileLang FP8 decode with 1 page per step at every split length (the build before
             # fp8_tile_config's 2 pages per step for splits of 8 pages and more)
             one_page = one_page_wrapper or MinimaDecodeWrapper(
-                workspace, hq, h, d, PAGE, fp8_kernel="tilelang", fp8_config={"pages_per_step": 1}, key_bits=key_bits
+                workspace, hq, h, d, PAGE, fp8_kernel="tilelang", fp8_config={"pages_per_step": 1}, key_bits=key_bits,
+                key_center=key_center,
             )
             one_page_wrapper = one_page
             one_page.plan(*plan_args)
@@ -422,21 +424,23 @@ def token_granular_fp8(workspace: torch.Tensor, dev: str) -> dict:
     return {"geom": "32q/8kv/128", "batch": batch, "ctx": ctx, "page64_ms": paged_ms, "token_granular_ms": token_ms}
 
 
-def conversion_throughput(dev: str, key_bits: int = 3) -> list[dict]:
+def conversion_throughput(dev: str, key_bits: int = 3, key_center: bool = False) -> list[dict]:
     rows = []
     for geom, (hq, h, d) in GEOMETRIES.items():
         n = 4096
-        layout = TQ3PageLayout(h, PAGE, d, key_bits)
+        layout = TQ3PageLayout(h, PAGE, d, key_bits, key_center)
         rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
         k = (torch.randn(n, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
         v = (torch.randn(n, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
         pages = torch.empty(n, layout.page_bytes, dtype=torch.uint8, device=dev)
         ids = torch.randperm(n, device=dev).to(torch.int32)
         fwd_ms, _ = bench_ms(
-            partial(fp8_to_tq3, k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5, key_bits=key_bits), graph=False
+            partial(fp8_to_tq3, k, v, ids, ids, pages, rotation, k_scale=0.5, v_scale=0.5, key_bits=key_bits,
+                    key_center=key_center), graph=False
         )
         bwd_ms, _ = bench_ms(
-            partial(tq3_to_fp8, pages, ids, ids, k, v, rotation, k_scale=0.5, v_scale=0.5, key_bits=key_bits), graph=False
+            partial(tq3_to_fp8, pages, ids, ids, k, v, rotation, k_scale=0.5, v_scale=0.5, key_bits=key_bits,
+                    key_center=key_center), graph=False
         )
         fp8_bytes = n * PAGE * h * d * 2
         rows.append(
@@ -466,6 +470,7 @@ def main() -> None:
     )
     ap.add_argument("--key-bits", type=int, choices=(3, 4), default=MinimaConfig().key_bits,
                     help="the TQ3 pages' key width (--minima-key-bits; default: the launcher's)")
+    ap.add_argument("--key-center", action="store_true", help="page-centered keys (--minima-key-center)")
     args = ap.parse_args()
     dev = "cuda"
     t0 = time.time()
@@ -476,6 +481,7 @@ def main() -> None:
         "roofline_tbps": ROOFLINE_TBPS,
         "page_size": PAGE,
         "key_bits": args.key_bits,
+        "key_center": args.key_center,
         "tilelang_fp8_max_tokens": TILELANG_FP8_MAX_TOKENS,  # fp8_kernel="auto"'s thresholds, by head dim
         "decode": [],
         "not_run": [],
@@ -486,7 +492,7 @@ def main() -> None:
             json.dump(result, f, indent=1)
 
     if not (args.skip_conversion or args.variants_only):
-        result["conversion"] = conversion_throughput(dev, args.key_bits)
+        result["conversion"] = conversion_throughput(dev, args.key_bits, args.key_center)
         save()
     if not (args.config or args.lean):
         result["tq3_variants"] = tq3_variants(dev)
@@ -503,7 +509,7 @@ def main() -> None:
             result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})
             continue
         try:
-            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev, args.lean, args.key_bits))
+            result["decode"].extend(run_config(geom, batch, ctx, workspace, dev, args.lean, args.key_bits, args.key_center))
         except Exception as e:  # noqa: BLE001 - one failing shape must not lose the rest
             result["not_run"].append(
                 {"geom": geom, "batch": batch, "ctx": ctx, "why": f"{type(e).__name__}: {e}"[:300]}
@@ -529,7 +535,8 @@ def print_variants(result: dict) -> None:
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  {result.get('key_bits', 3)}-bit keys  "
+    centered = ", page-centered" if result.get("key_center") else ""
+    print(f"{result['gpu']}  {result['date']}  page {result['page_size']}  {result.get('key_bits', 3)}-bit keys{centered}  "
           f"roofline {result['roofline_tbps']} TB/s")
     print(
         f"{'geom':12} {'B':>3} {'ctx':>6} {'stale':>5} | {'FI bf16 ms':>10} {'FI fp8 ms':>9} {'minima ms':>9} {'x fp8':>6} | "

@@ -15,7 +15,10 @@ three words of a triple and splits them back into its 32 codes (``layout.triple_
 (``--minima-key-bits 4``: a 16-level key codebook, the kernels take its width from the number of
 centroids) pack and unpack a word of four pair bytes at a time (``layout.key4_word``,
 ``layout.key4_word_codes``); values are 3-bit here (4-bit values, ``--minima-value-bits 4``, are
-converted by the torch codec: ``TQ3PageLayout.kernel_unread``).
+converted by the torch codec: ``TQ3PageLayout.kernel_unread``). Page-centered keys (``key_center``,
+``--minima-key-center``): the encode sums each dim over the page's tokens by the codec's halving tree,
+stores the fp16 mean (one IEEE division by the page size) and codes the keys minus it; the decodes
+add it back after ``norm * centroid`` (two fp32 operations, as the codec).
 """
 
 import functools
@@ -124,6 +127,16 @@ def _halving_sum(s_s, rows: int, dim: int, log_dim: int):
                 s_s[i, j] = s_s[i, j] + s_s[i, j + half]
 
 
+@T.macro
+def _token_halving_sum(s_s, rows: int, dim: int, log_rows: int):
+    """s[0, d] = the codec's fixed-order sum of s[:, d] over the rows (``tq3.page_mean_keys``)."""
+    for s in T.serial(log_rows):
+        for i, j in T.Parallel(rows // 2, dim):
+            half = T.shift_right(rows // 2, s)
+            if i < half:
+                s_s[i, j] = s_s[i, j] + s_s[i + half, j]
+
+
 @tilelang.jit(pass_configs=EXACT_FP32)
 def fp8_to_tq3_kernel(
     num_kv_heads: int,
@@ -134,15 +147,17 @@ def fp8_to_tq3_kernel(
     inv_sqrt_d: float,
     sqrt_d: float,
     *,
+    key_center: bool = False,
     threads: int = 128,
 ):
     """FP8 pages -> TQ3P pages. Shapes (dynamic: n_fp8, n_tq3, n):
     k_fp8 / v_fp8 [n_fp8, P, H, D] e4m3, src_pages / dst_pages [n] int32, signs [H, D] fp32 (+-1),
     kv_scale [2] fp32 (per-layer k and v scale), tq3 [n_tq3, page_bytes] uint8 and the same storage
     as tq3_f16 [n_tq3, page_bytes/2] fp16 (written). ``centroids`` / ``thresholds``: the key
-    codebook's (8 or 16 levels: 3- or 4-bit keys)."""
+    codebook's (8 or 16 levels: 3- or 4-bit keys). ``key_center``: page-centered keys (the layout's
+    ``k_mean`` field written, the codes of each key minus it)."""
     key_bits = key_bits_of(centroids)
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits, key_center)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)
     pad_offset = layout.payload_bytes + layout.metadata_bytes
@@ -205,8 +220,18 @@ def fp8_to_tq3_kernel(
             src = src_pages[c]
             dst = dst_pages[c]
 
-            # keys: rotate, norm, codes against the thresholds of sqrt(d) k'/n, fp16 norm correction
+            # keys: rotate, (center), norm, codes against the thresholds of sqrt(d) k'/n, fp16 norm correction
             load_rotated(src, x_s, h, k_fp8, kv_scale[0], signs)
+            if key_center:  # the page's fp16 mean key (m_s row 0), subtracted from every key
+                for t, d in T.Parallel(P, D):
+                    s_s[t, d] = x_s[t, d]
+                _token_halving_sum(s_s, P, D, log2_int(P))
+                for d in T.Parallel(D):
+                    mean16 = T.Cast(T.float16, T.ieee_fdiv(s_s[0, d], T.float32(P)))
+                    tq3_f16[dst, layout.k_mean_offset // 2 + h * D + d] = mean16
+                    m_s[0, d] = T.Cast(T.float32, mean16)
+                for t, d in T.Parallel(P, D):
+                    x_s[t, d] = x_s[t, d] - m_s[0, d]
             for t, d in T.Parallel(P, D):
                 s_s[t, d] = x_s[t, d] * x_s[t, d]
             _halving_sum(s_s, P, D, log_d)
@@ -273,6 +298,7 @@ def tq3_to_fp8_kernel(
     centroids: tuple[float, ...],
     inv_sqrt_d: float,
     *,
+    key_center: bool = False,
     threads: int = 128,
     output: str = "fp8_pages",
 ):
@@ -286,11 +312,12 @@ def tq3_to_fp8_kernel(
     ``output="bf16_heads"``: the decoded, un-rotated pages as bf16 keys and values for attention (the
     prefill's bounded TQ3 tile): tq3_i32, tq3_f16, src_pages [n], signs -> k_out / v_out [H, m, D]
     bf16 (m >= n * P), the c-th listed page in tokens c * P .. c * P + P - 1 of every head.
-    ``centroids``: the key codebook's (8 or 16: 3- or 4-bit keys)."""
+    ``centroids``: the key codebook's (8 or 16: 3- or 4-bit keys); ``key_center``: page-centered keys
+    (each page's ``k_mean`` added back)."""
     if output not in ("fp8_pages", "bf16_heads"):
         raise ValueError(f"output={output!r}: 'fp8_pages' or 'bf16_heads'")
     key_bits = key_bits_of(centroids)
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits, key_center)
     H, P, D = num_kv_heads, page_size, head_dim
     log_d = log2_int(D)
     n_fp8, n_tq3, n = T.dynamic("n_fp8, n_tq3, n")
@@ -321,9 +348,14 @@ def tq3_to_fp8_kernel(
         else:
             unpack_keys4(tq3_i32, src, h, code_s)
         for t, d in T.Parallel(P, D):
-            x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
-                centroids, code_s[t, d]
-            )
+            if key_center:  # s * centroid, then + m: two roundings (no fma), as the codec's decode_pages
+                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
+                    centroids, code_s[t, d]
+                ) + T.Cast(T.float32, tq3_f16[src, layout.k_mean_offset // 2 + h * D + d])
+            else:
+                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
+                    centroids, code_s[t, d]
+                )
 
     @T.macro
     def decode_values(tq3_i32, tq3_f16, src, h, x_s, code_s):
@@ -427,27 +459,31 @@ class PageConversions:
 
     FP8 caches are ``[n_fp8, P, H, D]`` (e4m3 or its uint8 bits), TQ3P pages ``[n_tq3, page_bytes]``
     uint8, page lists int32, ``signs`` the layer's ``LayerRotation.signs`` [H, D] and ``scales``
-    ``conversion_scales(...)``. ``key_bits``: the TQ3 pages' key code width, 3 or 4.
+    ``conversion_scales(...)``. ``key_bits``: the TQ3 pages' key code width, 3 or 4; ``key_center``:
+    page-centered keys (``TQ3PageLayout.key_center``).
     """
 
-    def __init__(self, heads: int, page_size: int, head_dim: int, key_bits: int = TQ3_BITS):
-        TQ3PageLayout(heads, page_size, head_dim, key_bits)  # refuses what no page can hold
+    def __init__(self, heads: int, page_size: int, head_dim: int, key_bits: int = TQ3_BITS, key_center: bool = False):
+        TQ3PageLayout(heads, page_size, head_dim, key_bits, key_center)  # refuses what no page can hold
         self.heads, self.page_size, self.head_dim, self.key_bits = heads, page_size, head_dim, key_bits
+        self.key_center = key_center
         self._constants = _kernel_constants(head_dim, key_bits)
 
     @functools.cached_property
     def encode_kernel(self):
-        return fp8_to_tq3_kernel(self.heads, self.page_size, self.head_dim, *self._constants)
+        return fp8_to_tq3_kernel(self.heads, self.page_size, self.head_dim, *self._constants, key_center=self.key_center)
 
     @functools.cached_property
     def decode_kernel(self):
         centroids, _, inv_sqrt_d, _ = self._constants
-        return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d)
+        return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d, key_center=self.key_center)
 
     @functools.cached_property
     def dequant_kernel(self):
         centroids, _, inv_sqrt_d, _ = self._constants
-        return tq3_to_fp8_kernel(self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d, output="bf16_heads")
+        return tq3_to_fp8_kernel(
+            self.heads, self.page_size, self.head_dim, centroids, inv_sqrt_d, key_center=self.key_center, output="bf16_heads"
+        )
 
     def tq3_to_bf16_heads(self, tq3_pages, src_pages, k_out, v_out, signs) -> None:
         """TQ3 pages ``src_pages`` (int32 [n]) decoded and un-rotated into k_out / v_out [H, m, D]
@@ -478,12 +514,13 @@ def fp8_to_tq3(
     k_scale: Scale = None,
     v_scale: Scale = None,
     key_bits: int = TQ3_BITS,
+    key_center: bool = False,
 ) -> None:
     """Retier: FP8 pages ``src_pages`` of one layer (k/v ``[n_fp8, P, H, D]`` e4m3 or uint8) ->
     TQ3P pages ``dst_pages`` of ``tq3_pages`` ``[n_tq3, page_bytes]`` uint8, in place. The bytes equal
     ``encode_pages(k[src].transpose(1, 2), v[src].transpose(1, 2), ...)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
-    PageConversions(heads, page_size, dim, key_bits).fp8_to_tq3(
+    PageConversions(heads, page_size, dim, key_bits, key_center).fp8_to_tq3(
         k_cache, v_cache, src_pages.to(torch.int32), dst_pages.to(torch.int32), tq3_pages,
         rotation.signs.to(k_cache.device), conversion_scales(k_scale, v_scale, k_cache.device),
     )
@@ -500,11 +537,12 @@ def tq3_to_fp8(
     k_scale: Scale = None,
     v_scale: Scale = None,
     key_bits: int = TQ3_BITS,
+    key_center: bool = False,
 ) -> None:
     """Promote: TQ3P pages ``src_pages`` -> FP8 pages ``dst_pages`` of k/v ``[n_fp8, P, H, D]``, in
     place; equals ``fp8_requantize(to_original_space(decode_pages(...)), scale)`` of the torch codec."""
     _, page_size, heads, dim = k_cache.shape
-    PageConversions(heads, page_size, dim, key_bits).tq3_to_fp8(
+    PageConversions(heads, page_size, dim, key_bits, key_center).tq3_to_fp8(
         tq3_pages, src_pages.to(torch.int32), dst_pages.to(torch.int32), k_cache, v_cache,
         rotation.signs.to(k_cache.device), conversion_scales(k_scale, v_scale, k_cache.device),
     )

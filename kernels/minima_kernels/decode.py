@@ -98,7 +98,8 @@ class MinimaDecodeWrapper:
     ``fp8_tile_config``'s (e.g. pages_per_step). ``key_bits``: the TQ3 pages' key code width, 3 or 4
     (``--minima-key-bits``; docs/TQ3P.md): the TQ3 and fused decodes read it, the tile configs are
     3-bit keys', sized down for 4-bit keys' shared memory (a 32 KB key table and a fourth piece per key
-    lane stream; ``heuristics.tile_config``), not yet timed on a GPU.
+    lane stream; ``heuristics.tile_config``), not yet timed on a GPU. ``key_center``: the TQ3 pages'
+    keys are page-centered (``--minima-key-center``): the TQ3 and fused decodes add each page's q'.m.
 
     After ``plan``, ``decode`` is the bound path (decode_paths.py): its page lists (``tq3_plan``,
     ``fp8_plan``), kernels and outputs; ``path`` is the choice that made it.
@@ -120,6 +121,7 @@ class MinimaDecodeWrapper:
         tq3_config: dict[str, int] | None = None,
         fp8_config: dict[str, int] | None = None,
         key_bits: int = 3,
+        key_center: bool = False,
     ) -> None:
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -135,7 +137,7 @@ class MinimaDecodeWrapper:
         self.sm_scale = head_dim**-0.5 if sm_scale is None else sm_scale
         self.q_dtype = q_dtype
         self._dtype_name = dtype
-        self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)  # refuses other key_bits
+        self.layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits, key_center)  # refuses other key_bits
         self._centroids = key_centroids_fp16(head_dim, key_bits)
         self.device = workspace.device
         self.num_sms = device_sm_count(self.device)  # what the split rules count a wave in
@@ -209,7 +211,7 @@ class MinimaDecodeWrapper:
             raise ValueError("every request needs at least one FP8 or TQ3 page")
         num_fp8_pages, has_tq3 = int(fp8_indptr[-1]), int(tq3_indptr[-1]) > 0
         max_fp8_pages = max(fp8_counts.tolist(), default=0)
-        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch, self.layout.key_bits), **self._tq3_config} if has_tq3 else None
+        tq3_build = {**self._tile_config(batch), **self._tq3_config} if has_tq3 else None
         path = choose_path(
             self.fp8_kernel,
             batch=batch,
@@ -265,7 +267,7 @@ class MinimaDecodeWrapper:
         for name, t in zip(names, lists):
             if t.device != self.device or t.dtype != torch.int32:
                 raise ValueError(f"plan_graph: {name} must be int32 on {self.device} (read in place), got {t.dtype} on {t.device}")
-        tq3_build = {**tile_config(self.group_size, self.page_size, self.head_dim, batch, self.layout.key_bits), **self._tq3_config}
+        tq3_build = {**self._tile_config(batch), **self._tq3_config}
         tq3_splits, fp8_splits = graph_splits(batch, self.num_kv_heads, max_pages, self.page_size, tq3_build, self.num_sms)
         path = DecodePath(fused=True, tilelang_fp8=False, tq3_splits=tq3_splits, fp8_splits=fp8_splits)
         kernels = self._path_kernels(path, True, tq3_build, None)
@@ -283,6 +285,10 @@ class MinimaDecodeWrapper:
             kernels["fp8"] = self._built("fp8", fp8_build)
         return kernels
 
+    def _tile_config(self, batch: int) -> dict[str, int]:
+        """``tile_config``'s TQ3 build for this geometry, key format and ``batch``."""
+        return tile_config(self.group_size, self.page_size, self.head_dim, batch, self.layout.key_bits, self.layout.key_center)
+
     def _built(self, kernel: str, build: dict[str, int]) -> object:
         cache, key = self._kernels[kernel], _build_key(build)
         if key not in cache:
@@ -292,10 +298,11 @@ class MinimaDecodeWrapper:
     def _maker(self, kernel: str):
         """The TileLang kernel factory of ``kernel`` for this geometry, taking a build's options."""
         shape = (self.num_kv_heads, self.group_size, self.head_dim)
+        center = {"key_center": True} if self.layout.key_center else {}  # (the default builds' cache keys unchanged)
         if kernel == "tq3":
-            return partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, self._centroids)
+            return partial(tq3_decode_kernel, *shape, self.page_size, self.sm_scale, self._centroids, **center)
         if kernel == "mixed":
-            return partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, self._centroids, self._dtype_name)
+            return partial(mixed_decode_kernel, *shape, self.page_size, self.sm_scale, self._centroids, self._dtype_name, **center)
         return partial(fp8_decode_kernel, *shape, self.fp8_page_size, self.sm_scale, self._dtype_name)
 
     def _bind(self, batch, path, tq3_build, fp8_build, kernels, has_fp8, has_tq3, lists, kept) -> None:
@@ -369,7 +376,7 @@ class MinimaDecodeWrapper:
         builds made (0 when all were built)."""
         builds = compile_builds(
             self.fp8_kernel, self.group_size, self.page_size, self.head_dim, self.fp8_page_size,
-            self._tq3_config, self._fp8_config, self.layout.key_bits,
+            self._tq3_config, self._fp8_config, self.layout.key_bits, self.layout.key_center,
         )
         todo = [(kernel, build) for kernel, build in builds if _build_key(build) not in self._kernels[kernel]]
         with ThreadPoolExecutor(max(1, min(max_workers, len(todo)))) as pool:

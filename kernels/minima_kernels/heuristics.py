@@ -72,22 +72,24 @@ KEY_TABLE_BYTES = {3: 16 * 1024, 4: 32 * 1024}  # the key table (3-bit: 8 KB ali
 
 
 def decode_shared_bytes(head_dim: int, page_size: int, build: dict[str, int], key_bits: int = 3,
-                        fp8_step_chunks: int = 0, group_size: int = 8) -> int:
+                        fp8_step_chunks: int = 0, group_size: int = 8, key_center: bool = False) -> int:
     """Shared memory of one CTA of the TQ3 split decode (``fp8_step_chunks`` 0) or of the fused
     decode, as split_decode.py allocates it: the warps' chunk rings (each the larger role's, or the
-    output rows of the combine), the metadata ring, the combine's statistics and the key table."""
+    output rows of the combine; with ``key_center`` a slot also holds its pages' mean keys), the
+    metadata ring, the combine's statistics and the key table."""
     warps, stages, c = build["warps"], build.get("stages", 2), build["step_chunks"]
     chunk_words = 32 * (lane_words(head_dim) + lane_words(head_dim, key_bits))  # K and V codes
+    mean_words = max(1, c // (page_size // CHUNK_TOKENS)) * head_dim // 2 if key_center else 0
     fp8_words = fp8_step_chunks * fp8_chunk_bytes(head_dim) // 4
     group = max(group_size, 1)  # the combine's output rows and statistics: the GQA group's heads
-    warp_words = max(stages * c * chunk_words, stages * fp8_words, group * head_dim)
+    warp_words = max(stages * (c * chunk_words + mean_words), stages * fp8_words, group * head_dim)
     meta = warps * stages * c * 3 * CHUNK_TOKENS * 2
     stats = 3 * warps * group * 4
     return 4 * warps * warp_words + meta + stats + KEY_TABLE_BYTES[key_bits]
 
 
 def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int | None = None,
-                key_bits: int = 3) -> dict[str, int]:
+                key_bits: int = 3, key_center: bool = False) -> dict[str, int]:
     """Build options for a (GQA group, page size, head dim, batch size): warps per CTA, resident CTAs
     per SM and chunks per softmax step, as measured best on the H200 (docs/results/kernels.md). The main
     loop is latency-bound, so warps in flight per SM is what matters: 16 for head dims up to 128 (8 x 2
@@ -109,14 +111,15 @@ def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int
         build = {"warps": 8, "min_blocks": 1, "step_chunks": 2 * STEP_CHUNKS}
     else:
         build = {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
-    if key_bits == 3:
+    if key_bits == 3 and not key_center:
         return build
-    # 4-bit keys (correct on the H200, not timed or tuned there yet): a 32 KB key table and a third more key words per slot. The
-    # fused twin of the build (the larger) must fit a CTA's shared memory, and min_blocks of them an SM.
+    # 4-bit keys (correct on the H200, not timed or tuned there yet): a 32 KB key table and a third more
+    # key words per slot; page-centered keys: a mean key per page in each slot. The fused twin of the
+    # build (the larger) must fit a CTA's shared memory, and min_blocks of them an SM.
     fused = fused_build_of(build, page_size)["fp8_step_chunks"]
 
     def shared() -> int:
-        return decode_shared_bytes(head_dim, page_size, build, key_bits, fused, group_size or 8)
+        return decode_shared_bytes(head_dim, page_size, build, key_bits, fused, group_size or 8, key_center)
 
     while shared() > CTA_SHARED_BYTES and build["warps"] > 4:
         build["warps"] -= 4
@@ -244,6 +247,7 @@ def compile_builds(
     tq3_config: dict[str, int] | None = None,
     fp8_config: dict[str, int] | None = None,
     key_bits: int = 3,
+    key_center: bool = False,
 ) -> list[tuple[str, dict[str, int]]]:
     """Every TileLang build that ``MinimaDecodeWrapper.plan`` may pick under ``fp8_kernel``, as
     (kernel, build) with kernel "tq3" (``tq3_decode_kernel``), "mixed" (``mixed_decode_kernel``) or
@@ -252,7 +256,7 @@ def compile_builds(
     steps where the TileLang FP8 decode does. ``*_config``: the wrapper's overrides."""
     builds: list[tuple[str, dict[str, int]]] = []
     for batch in (1, None):
-        tq3_build = {**tile_config(group_size, page_size, head_dim, batch, key_bits), **(tq3_config or {})}
+        tq3_build = {**tile_config(group_size, page_size, head_dim, batch, key_bits, key_center), **(tq3_config or {})}
         builds.append(("tq3", tq3_build))
         if fp8_kernel in ("auto", "fused") and fp8_page_size == page_size:
             builds.append(("mixed", fused_build_of(tq3_build, page_size)))

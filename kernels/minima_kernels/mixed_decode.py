@@ -24,6 +24,7 @@ def mixed_decode_kernel(
     stages: int = 2,
     step_chunks: int = STEP_CHUNKS,
     shift_by_imad: bool = False,
+    key_center: bool = False,
     fp8_step_chunks: int = FP8_STEP_CHUNKS,
 ):
     """Both formats' split partials in one launch: CTAs (split < num_splits, kv head, request) run the
@@ -37,10 +38,11 @@ def mixed_decode_kernel(
     pairs); k_pool / v_pool [num_fp8_pages, page_size, H, D] uint8 (e4m3); fp8_indptr [batch+1],
     fp8_ids [fp8_nnz], fp8_last_len [batch] int32 (tokens in each request's last FP8 page); k_scale,
     v_scale fp32 -> fp8_out_partial [batch, H*G, num_fp8_splits, D] fp32, fp8_lse_partial [batch, H*G,
-    num_fp8_splits] (base 2). A split without tokens writes out = 0, lse = -inf.
+    num_fp8_splits] (base 2). A split without tokens writes out = 0, lse = -inf. ``key_center``: the
+    TQ3 pages' keys are page-centered (``split_decode``).
     """
     return split_decode(
         num_kv_heads, group_size, head_dim, page_size, sm_scale, centroids,
         min_blocks=min_blocks, warps=warps, stages=stages, step_chunks=step_chunks, shift_by_imad=shift_by_imad,
-        fp8_step_chunks=fp8_step_chunks, q_dtype=q_dtype,
+        fp8_step_chunks=fp8_step_chunks, q_dtype=q_dtype, key_center=key_center,
     )

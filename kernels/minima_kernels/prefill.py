@@ -90,7 +90,8 @@ class MinimaPrefillWrapper:
     ``workspace`` is FlashInfer's float workspace (shared with the decode: a forward is one or the other).
     ``tq3_kernel``: decode the TQ3 prefix with the TileLang kernel (default: on CUDA, power-of-two head
     dims) or with the torch codec; ``tile_tokens``: TQ3 tokens per tile (default: the decoder's);
-    ``key_bits``: the TQ3 pages' key code width, 3 or 4 (the kernel's build).
+    ``key_bits``: the TQ3 pages' key code width, 3 or 4, and ``key_center``: page-centered keys (the
+    kernel's build).
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class MinimaPrefillWrapper:
         tile_tokens: int | None = None,
         tq3_kernel: bool | None = None,
         key_bits: int = 3,
+        key_center: bool = False,
     ):
         if num_qo_heads % num_kv_heads:
             raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads}")
@@ -122,7 +124,7 @@ class MinimaPrefillWrapper:
         if tq3_kernel:
             from .convert import PageConversions  # (tilelang: the CPU stand-in tests import this module without it)
 
-            self._dequant = PageConversions(num_kv_heads, page_size, head_dim, key_bits)
+            self._dequant = PageConversions(num_kv_heads, page_size, head_dim, key_bits, key_center)
             _ = self._dequant.dequant_kernel
         self.tile_pages = prefill_tile_pages(page_size, kernel=self._dequant is not None, tile_tokens=tile_tokens)
         # SGLang's choices on Hopper (flashinfer_backend.py): ragged "auto", paged "fa2"

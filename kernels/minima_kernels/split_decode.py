@@ -37,6 +37,13 @@ writes its partial output (rotated space, fp32) and LSE (base 2); a split with n
 TQ3 splits decode FP8 pages (SGLang's e4m3 pool) with the same ring, softmax and combine, their
 chunks converted from e4m3 into the MMA operands in registers (``device_source.fp8_device_source``),
 so one grid covers both formats. The CUDA helpers both roles call are written in device_source.py.
+
+Page-centered keys (``key_center``): a key is ``s * centroid + m``, m the page's fp16 mean key of the
+head (the page's ``k_mean``). Its score term q'.m is one per page and query head: the mean's D/2 words
+ride in each ring slot behind the step's chunks (one 16-byte cp.async per lane of D/8), and one more
+key GEMM per page of the step, with m in every row of the A operand, leaves q'.m in every lane's
+accumulator for its heads 2t, 2t + 1; it is added to the step's scaled scores (D/16 MMAs a page
+against the chunks' 4 D/16).
 """
 
 from types import SimpleNamespace
@@ -65,13 +72,15 @@ def split_decode(
     shift_by_imad: bool,
     fp8_step_chunks: int = 0,
     q_dtype: str = "bfloat16",
+    key_center: bool = False,
 ):
     """The prim_func of ``tq3_decode_kernel`` (``fp8_step_chunks`` 0) or of ``mixed_decode_kernel``.
     The key codebook's size is the key code width: 8 centroids, 3-bit keys; 16, 4-bit keys (their lane
-    streams are 4 pieces instead of 3, one byte per pair: ``device_source._key4_table_source``)."""
+    streams are 4 pieces instead of 3, one byte per pair: ``device_source._key4_table_source``).
+    ``key_center``: the pages' keys are page-centered (their ``k_mean`` read and q'.m added)."""
     key_bits = key_bits_of(centroids)
     k4 = key_bits == 4
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits, key_center)
     H, G, D, P = num_kv_heads, group_size, head_dim, page_size
     C = step_chunks
     C8 = fp8_step_chunks
@@ -89,7 +98,12 @@ def split_decode(
     chunk_words = LANES * lane_words  # a chunk's value words (and key words, 3-bit)
     k_chunk_words = LANES * k_lane_words
     kv_chunk_words = k_chunk_words + chunk_words
-    slot_words = C * kv_chunk_words  # a ring slot: the step's chunks, each K codes then V codes
+    # The chunks of a step share a page unless pages are shorter than a step, which then spans
+    # step_pages whole pages; a split's last step may then miss chunks, masked out of the softmax.
+    step_pages = max(1, C // chunks_per_page)
+    mean_words = D // 2 if key_center else 0  # a page's mean key of one head (fp16 pairs)
+    # a ring slot: the step's chunks, each K codes then V codes, then (key_center) its pages' mean keys
+    slot_words = C * kv_chunk_words + step_pages * mean_words
     fp8_chunk_words = fp8_chunk_bytes(D) // 4
     fp8_slot_words = C8 * fp8_chunk_words
     chunk_meta = 3 * CHUNK_TOKENS  # a chunk's k_norm, v_scale, v_zero (halves) in the metadata ring
@@ -97,6 +111,8 @@ def split_decode(
     warp_words = max(stages * slot_words, stages * fp8_slot_words, G * D)
     k_base, v_base = layout.k_codes_offset // 4, layout.v_codes_offset // 4
     kn_base, vs_base, vz_base = layout.k_norm_offset // 2, layout.v_scale_offset // 2, layout.v_zero_offset // 2
+    km_base = layout.k_mean_offset // 4 if key_center else 0  # 16-byte aligned: one cp.async per lane of D/8
+    assert not key_center or layout.k_mean_offset % 16 == 0
     scale = sm_scale * LOG2E
     source = tq3_device_source(centroids, shift_by_imad)
     if C8:
@@ -111,9 +127,6 @@ def split_decode(
         )
     if C8 and q_dtype not in ("bfloat16", "float16"):
         raise ValueError(f"q_dtype={q_dtype!r}: bfloat16 or float16")
-    # The chunks of a step share a page unless pages are shorter than a step, which then spans
-    # step_pages whole pages; a split's last step may then miss chunks, masked out of the softmax.
-    step_pages = max(1, C // chunks_per_page)
     ragged = step_pages > 1
     # With warps * C a multiple of the chunks per page, a warp's steps start at the same chunk of
     # their pages and the page index advances by a constant: the main loop does no address division.
@@ -192,6 +205,8 @@ def split_decode(
             ring_at[0] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(L.ring[warp * warp_words + lane * vec]))
             ring_at[1] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(meta_ring[warp * stages * C * chunk_meta + lane * 2]))
             ring_at[2] = T.call_extern(T.uint32, "minima::table_lane", lane)
+            if key_center:  # this lane's 16 bytes of slot 0's first mean key
+                ring_at[3] = T.call_extern(T.uint32, "minima::smem_addr", T.address_of(L.ring[warp * warp_words + C * kv_chunk_words + lane * 4]))
 
         q_frag = L.q_frag
         for kb in T.unroll(blocks):
@@ -211,6 +226,7 @@ def split_decode(
             T.call_extern("handle", "minima::fill_key_table", warp, warps, lane)
             T.sync_threads()
 
+        acc_m = L.acc_m
         acc_o, acc_s, acc_k, m_i, l_i, z_i, alpha = L.acc_o, L.acc_s, L.acc_k, L.m_i, L.l_i, L.z_i, L.alpha
         meta_cur, chunk_ok, page_next, ring, codes, ops, p_frag = L.meta_cur, L.chunk_ok, L.page_next, L.ring, L.codes, L.ops, L.p_frag
         step_max, step_l, step_z, rescale = L.step_max, L.step_l, L.step_z, L.rescale
@@ -259,6 +275,15 @@ def split_decode(
                             lane_off[1] + (ci % chunks_per_page) * CHUNK_TOKENS * 2,
                             lane < 24,
                         )
+                if key_center and not fp8:  # the step's pages' mean keys of head hk, behind its chunks
+                    for pi in T.unroll(step_pages):
+                        if lane < D // 8:
+                            T.call_extern(
+                                "handle",
+                                "minima::cp_async_to<16>",
+                                ring_at[3] + (slot * slot_words + pi * mean_words) * 4,
+                                T.address_of(pool[page_next[pi], km_base + hk * mean_words + lane * 4]),
+                            )
                 if it + 1 < n_mine:
                     if jagged:
                         for ci in T.unroll(step_pages):
@@ -290,6 +315,29 @@ def split_decode(
                             if ragged:  # a missing chunk: no probability mass (its shared memory is stale)
                                 meta_cur[ci * 6 + 2 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 2 + j], 0)
                                 meta_cur[ci * 6 + 4 + j] = T.if_then_else(chunk_ok[ci] != 0, meta_cur[ci * 6 + 4 + j], 0)
+                    if key_center:
+                        # q'.m of each page of the step: m in every row of the A operand (rows r and r + 8 of
+                        # k-block kb are dims 16 kb + 2t (+1) and + 8 (+1): words 8 kb + t and + 4), so every
+                        # lane's accumulator holds it for its heads 2t, 2t + 1; scaled as the scores are
+                        mean_base = warp * warp_words + step % stages * slot_words + C * kv_chunk_words
+                        for pi in T.unroll(step_pages):
+                            for i in T.unroll(NB * 4):
+                                acc_m[pi * NB * 4 + i] = 0
+                            for kb in T.unroll(blocks):
+                                ops[0] = ring[mean_base + pi * mean_words + 8 * kb + t]
+                                ops[1] = ops[0]
+                                ops[2] = ring[mean_base + pi * mean_words + 8 * kb + t + 4]
+                                ops[3] = ops[2]
+                                for nb in T.unroll(NB):
+                                    T.call_extern(
+                                        "handle",
+                                        "minima::mma_16816",
+                                        T.address_of(acc_m[(pi * NB + nb) * 4]),
+                                        T.address_of(ops[0]),
+                                        T.address_of(q_frag[(kb * NB + nb) * 2]),
+                                    )
+                            for i in T.unroll(NB * 4):
+                                acc_m[pi * NB * 4 + i] *= score_scale
                 # scores^T = K . q'^T per chunk, 64 dims at a time (4 k-blocks of 16 dims each)
                 for ci in T.unroll(c):
                     if not fp8:
@@ -331,6 +379,8 @@ def split_decode(
                                     acc_s[score] = T.if_then_else(chunk_ok[ci * 2 + h] != 0, acc_s[score] * score_scale, neg_inf)
                                 else:
                                     acc_s[score] = acc_s[score] * meta_cur[ci * 6 + h]
+                                    if key_center:  # + q'.m of the chunk's page
+                                        acc_s[score] += acc_m[((ci // chunks_per_page if ragged else 0) * NB + nb) * 4 + j]
                                     if ragged:
                                         acc_s[score] = T.if_then_else(chunk_ok[ci] != 0, acc_s[score], neg_inf)
                                 step_max[0] = T.max(step_max[0], acc_s[score])
@@ -450,6 +500,7 @@ def split_decode(
             acc_o=T.alloc_local([blocks * NB * 4], T.float32),
             acc_s=T.alloc_local([CM * NB * 4], T.float32),
             acc_k=T.alloc_local([4 * NB * 4], T.float32),
+            acc_m=T.alloc_local([step_pages * NB * 4 if key_center else 1], T.float32),  # q'.m per page of the step
             m_i=T.alloc_local([NB * 2], T.float32),
             l_i=T.alloc_local([NB * 2], T.float32),
             z_i=T.alloc_local([NB * 2], T.float32),
@@ -472,7 +523,7 @@ def split_decode(
             stat_s=T.alloc_shared([3, warps, G], T.float32),  # m, l, z per warp and head
             split=T.alloc_local([5 if C8 else 4], T.int32),
             lane_off=T.alloc_local([3 if k4 else 2], T.int32),
-            ring_at=T.alloc_local([3], T.uint32),
+            ring_at=T.alloc_local([4 if key_center else 3], T.uint32),
             v_scale=T.alloc_local([1], T.float32),
         )
 

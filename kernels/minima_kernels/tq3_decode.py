@@ -23,6 +23,7 @@ def tq3_decode_kernel(
     stages: int = 2,
     step_chunks: int = STEP_CHUNKS,
     shift_by_imad: bool = False,
+    key_center: bool = False,
 ):
     """Partial decode over TQ3 pages; the key codebook (``centroids``, ascending, fp16-rounded) is
     baked in and becomes the CTA's key table. ``step_chunks``: 16-token chunks per softmax step.
@@ -30,9 +31,11 @@ def tq3_decode_kernel(
     Shapes (dynamic: batch, num_pages, nnz, num_splits): q_words [batch, H*G, D/2] int32 (rotated fp16
     queries viewed as words); the TQ3 pool [num_pages, page_bytes] seen as int32 words; page_indptr
     [batch+1] int32, page_ids [nnz] int32 -> out_partial [batch, H*G, num_splits, D] fp32, lse_partial
-    [batch, H*G, num_splits] fp32 (base 2).
+    [batch, H*G, num_splits] fp32 (base 2). ``key_center``: page-centered keys (each page's
+    ``k_mean`` read, q'.m added to its scores: ``split_decode``).
     """
     return split_decode(
         num_kv_heads, group_size, head_dim, page_size, sm_scale, centroids,
         min_blocks=min_blocks, warps=warps, stages=stages, step_chunks=step_chunks, shift_by_imad=shift_by_imad,
+        key_center=key_center,
     )

@@ -190,7 +190,7 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
     # (imported here: the codec package imports torch, which this module does not at import time)
     from sglang_minima.codec.layout import kernel_unread_options
 
-    return limits + kernel_unread_options(config.key_center, config.value_code, config.value_bits)
+    return limits + kernel_unread_options(config.value_code, config.value_bits)
 
 
 def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:

@@ -185,8 +185,9 @@ niah)
   ruler_examples
   mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
-  # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4)
-  warm_smollm2 --key-bits 3,4
+  # both key widths: niah.py's 3-bit arms pin --minima-key-bits 3, the others take the default (4);
+  # page-centered builds too where an arm serves them (minima-k4-center)
+  warm_smollm2 --key-bits 3,4 $([[ "$arms" == *center* ]] && echo --key-center)
   left=$((budget - (SECONDS - t0)))
   # each stops starting groups 60 s before the budget (its server's stop)
   # ($nargs: niah.py's flags, split into words)

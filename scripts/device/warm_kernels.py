@@ -144,35 +144,37 @@ def flashinfer_jobs(geometries=BENCH_GEOMETRIES):
             yield f"flashinfer {hq}/{h}/{d} {dtype} tensor_cores={tensor_cores}", build
 
 
-def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=None):
+def serving_jobs(geometries=SERVING_GEOMETRIES, key_bits=None, key_center=(False,)):
     """The kernels a server builds for the device e2e suite's models, for each of ``key_bits``
-    (``--minima-key-bits``; default: the launcher's): the decode kernels (``MinimaDecodeWrapper.compile``,
-    as ``--attention-backend minima`` does), the pool's conversions and the prefill (its FlashInfer
-    modules and TQ3 tile decoder), so its servers find them built."""
+    (``--minima-key-bits``; default: the launcher's) and of ``key_center`` (``--minima-key-center``):
+    the decode kernels (``MinimaDecodeWrapper.compile``, as ``--attention-backend minima`` does), the
+    pool's conversions and the prefill (its FlashInfer modules and TQ3 tile decoder), so its servers
+    find them built."""
     from minima_kernels import MinimaDecodeWrapper
     from sglang_minima.config import MinimaConfig
 
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     for hq, h, d, p in geometries:
-        for bits in key_bits or (MinimaConfig().key_bits,):
+        for bits, center in ((b, c) for b in key_bits or (MinimaConfig().key_bits,) for c in key_center):
+            fmt = f"k{bits}{'c' if center else ''}"
             yield (
-                f"serving decode {hq}/{h}/{d}/p{p} k{bits}",
-                lambda hq=hq, h=h, d=d, p=p, bits=bits: MinimaDecodeWrapper(
-                    workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=bits
+                f"serving decode {hq}/{h}/{d}/p{p} {fmt}",
+                lambda hq=hq, h=h, d=d, p=p, bits=bits, center=center: MinimaDecodeWrapper(
+                    workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=bits, key_center=center
                 ).compile(),
             )
             # the pool's FP8 <-> TQ3 conversions (mem_cache/kernel_conversions.py), built when a server's pool is made
-            conv = lambda h=h, d=d, p=p, bits=bits: PageConversions(h, p, d, bits)  # noqa: E731
-            yield f"serving retier {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().encode_kernel
-            yield f"serving promote {h}/{d}/p{p} k{bits}", lambda conv=conv: conv().decode_kernel
+            conv = lambda h=h, d=d, p=p, bits=bits, center=center: PageConversions(h, p, d, bits, center)  # noqa: E731
+            yield f"serving retier {h}/{d}/p{p} {fmt}", lambda conv=conv: conv().encode_kernel
+            yield f"serving promote {h}/{d}/p{p} {fmt}", lambda conv=conv: conv().decode_kernel
             # the extend path: its FlashInfer modules (JIT: ragged bf16 auto and fa2, paged FP8) and the TQ3 tile
             yield (
-                f"serving prefill {hq}/{h}/{d}/p{p} k{bits}",
-                lambda hq=hq, h=h, d=d, p=p, bits=bits: warm_prefill(workspace, hq, h, d, p, bits),
+                f"serving prefill {hq}/{h}/{d}/p{p} {fmt}",
+                lambda hq=hq, h=h, d=d, p=p, bits=bits, center=center: warm_prefill(workspace, hq, h, d, p, bits, center),
             )
 
 
-def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int, key_bits: int) -> None:
+def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int, key_bits: int, key_center: bool = False) -> None:
     """One tiny extend over a hot prefix and a TQ3 page through MinimaPrefillWrapper: FlashInfer
     compiles (or loads) the modules a server's first prompts would otherwise wait for (ragged bf16,
     paged FP8, the TQ3 tile's ragged bf16 HND, the in-place merge), and the TQ3 tile decoder is built."""
@@ -180,14 +182,14 @@ def warm_prefill(workspace: torch.Tensor, hq: int, h: int, d: int, p: int, key_b
     from sglang_minima.codec.layout import TQ3PageLayout
     from sglang_minima.codec.rotation import LayerRotation
 
-    w = MinimaPrefillWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=key_bits)  # builds its TQ3 tile decoder
+    w = MinimaPrefillWrapper(workspace, hq, h, d, p, sm_scale=d**-0.5, key_bits=key_bits, key_center=key_center)  # builds its TQ3 tile decoder
     i32 = dict(dtype=torch.int32)
     page = torch.ones(1, dtype=torch.int64, device="cuda")
     w.plan(torch.tensor([0, 2], **i32), torch.tensor([0, 3], **i32), torch.arange(3, device="cuda", **i32), None,
            (Tq3Segment(0, 2, page),))
     bf16 = dict(dtype=torch.bfloat16, device="cuda")
     hot = torch.randn(4, 1, h, d, **bf16).to(torch.float8_e4m3fn)
-    tq3 = torch.zeros(2, TQ3PageLayout(h, p, d, key_bits=key_bits).page_bytes, dtype=torch.uint8, device="cuda")
+    tq3 = torch.zeros(2, TQ3PageLayout(h, p, d, key_bits, key_center).page_bytes, dtype=torch.uint8, device="cuda")
     w.run(torch.randn(2, hq, d, **bf16), torch.randn(2, h, d, **bf16), torch.randn(2, h, d, **bf16), (hot, hot),
           tq3, None, None, LayerRotation(h, d, layer_id=0, device="cuda"), k_scale=1.0, v_scale=1.0)
     torch.cuda.synchronize()
@@ -198,16 +200,18 @@ def main() -> int:
     if "--serving" in sys.argv:
         # --geometries HQ/H/D/P,...: only these (e.g. 9/3/64/64, SmolLM2's), with the FlashInfer decode
         # modules SGLang's own FP8 arm loads, so both kinds of server start warm; --key-bits 3,4: the
-        # builds of each key width (default: the launcher's, --minima-key-bits)
+        # builds of each key width (default: the launcher's, --minima-key-bits); --key-center: each also
+        # page-centered (--minima-key-center)
         bits = None  # the launcher's default
         if "--key-bits" in sys.argv:
             bits = tuple(int(b) for b in sys.argv[sys.argv.index("--key-bits") + 1].split(","))
+        center = (False, True) if "--key-center" in sys.argv else (False,)
         if "--geometries" in sys.argv:
             spec = sys.argv[sys.argv.index("--geometries") + 1]
             geometries = [tuple(int(x) for x in g.split("/")) for g in spec.split(",")]
-            jobs = list(serving_jobs(geometries, bits)) + list(flashinfer_jobs(geometries))
+            jobs = list(serving_jobs(geometries, bits, center)) + list(flashinfer_jobs(geometries))
         else:
-            jobs = list(serving_jobs(key_bits=bits))
+            jobs = list(serving_jobs(key_bits=bits, key_center=center))
     elif "--tests" in sys.argv:  # test/gpu/test_kernels.py's kernels alone (no benchmark builds)
         jobs = list(tilelang_jobs(False, TEST_GEOMETRIES)) + list(flashinfer_jobs(TEST_GEOMETRIES))
     elif "--variants-only" in sys.argv:  # for bench_decode.py --variants-only

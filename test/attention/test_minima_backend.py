@@ -22,9 +22,9 @@ def test_refuses_the_cpu(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("key_bits", [3, 4])
-def test_kernel_decode_matches_minima_native(monkeypatch, key_bits):
-    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits)
+@pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)], ids=["k3", "k4", "k4-center"])
+def test_kernel_decode_matches_minima_native(monkeypatch, key_bits, key_center):
+    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits, key_center=key_center)
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
     h.step({1: 3 * PS + 1, 2: 5 * PS + 2, 3: PS - 3}, ForwardMode.EXTEND)
     h.retier_prefix(1, 2, skip_first=1)  # row 1: FP8 sink page, 2 TQ3 pages, FP8 tail
@@ -41,7 +41,7 @@ def test_kernel_decode_matches_minima_native(monkeypatch, key_bits):
             # the kernels take bf16 queries and give bf16 outputs: bf16 tolerance
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     assert kernels._wrapper is not None and h.pool.stats.fallbacks == 0
-    assert kernels._wrapper.layout.key_bits == key_bits
+    assert (kernels._wrapper.layout.key_bits, kernels._wrapper.layout.key_center) == (key_bits, key_center)
 
 
 @pytest.mark.gpu
@@ -70,8 +70,8 @@ def test_a_step_the_kernels_refuse_is_attended_by_the_torch_path_and_counted(mon
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("key_bits", [3, 4])
-def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypatch, key_bits):
+@pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)], ids=["k3", "k4", "k4-center"])
+def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypatch, key_bits, key_center):
     """SGLang's decode-graph protocol (init_cuda_graph_state; per batch size out_graph with
     in_capture, an eager warm-up, the capture of in_graph + every layer; per step out_graph and
     replay) over static batch buffers with a padding row: each replay matches minima_native's eager
@@ -80,7 +80,7 @@ def test_cuda_graph_replays_match_minima_native_as_pages_change_format(monkeypat
     graph are the eager host counts, padding row left out."""
     from test_minima_native_backend import HQ, D
 
-    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits)
+    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits, key_center=key_center)
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))
     bs, dev = 4, h.device
     kernels.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs)
@@ -153,14 +153,14 @@ def _fp8_exact(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("key_bits", [3, 4])
-def test_kernel_extend_matches_minima_native(monkeypatch, key_bits):
+@pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)], ids=["k3", "k4", "k4-center"])
+def test_kernel_extend_matches_minima_native(monkeypatch, key_bits, key_center):
     """Extend, chunked prefill over the request's own TQ3 pages, a fresh prompt beside them (no hot
     prefix: an empty paged state) and a mixed batch (a decode row among extend rows), with FP8
     scales != 1: the FlashInfer + TQ3-tile prefill against minima_native on the same pool state."""
     from minima_kernels.prefill import MinimaPrefillWrapper
 
-    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits)
+    h = Harness.real(monkeypatch, device="cuda", key_bits=key_bits, key_center=key_center)
     for layer in h.layers:  # the scales a checkpoint gives its layers: every write and read uses them
         layer.k_scale_float, layer.v_scale_float = 0.5, 0.25
     kernels = MinimaAttnBackend(fake_runner(h.pool, h.req_to_token))

@@ -76,12 +76,12 @@ class Harness:
 
     @classmethod
     def real(cls, monkeypatch, hot_dtype: str = "fp8_e4m3", score_anchors: bool = False, device: str = "cpu",
-             hybrid_layer_ids: tuple[int, ...] | None = None, key_bits: int = 3) -> Harness:
+             hybrid_layer_ids: tuple[int, ...] | None = None, key_bits: int = 3, key_center: bool = False) -> Harness:
         """MinimaKVPool and MinimaPagedAllocator, the classes the server runs, on ``device``; with
         ``hybrid_layer_ids``, inside SGLang's HybridLinearKVPool as a linear-attention model builds it
         (the full-attention layers ``hybrid_layer_ids`` of the model, densely indexed in the pool)."""
         config = MinimaConfig(hot_dtype=hot_dtype, attention_score_anchors=score_anchors, fp8_page_fraction=0.6,
-                              key_bits=key_bits)
+                              key_bits=key_bits, key_center=key_center)
         monkeypatch.setenv(CONFIG_ENV, config.to_json())
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PS))
         size = 64 * PS

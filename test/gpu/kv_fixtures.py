@@ -8,7 +8,7 @@ TQ3 pages are encoded by the torch codec, so the kernels are checked against the
 from dataclasses import dataclass
 
 import torch
-from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, fp8_quantize
+from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, fp8_dequantize, fp8_quantize
 from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.ops import HotPagedKV, Tq3PagedKV, mixed_paged_attention
 
@@ -113,14 +113,18 @@ def make_batch(
     layer_id: int = 0,
     unused_slot_byte: int = 0x7E,
     key_bits: int = 3,
+    key_center: bool = False,
+    key_offset: float = 0.0,
 ) -> MixedBatch:
     """A batch whose requests own ``fp8_pages_per_req[b]`` FP8 pages (the last filled to
     ``last_page_len[b]``) and ``tq3_pages_per_req[b]`` TQ3 pages, scattered over pools with spare pages.
     The slots past each request's last token hold ``unused_slot_byte`` (default e4m3 448, the largest
-    finite value; 0x7F is NaN). ``key_bits``: the TQ3 pages' key code width (3, or 4)."""
+    finite value; 0x7F is NaN). ``key_bits``: the TQ3 pages' key code width (3, or 4); ``key_center``:
+    page-centered TQ3 keys; ``key_offset``: each TQ3 page's keys shifted by its own random vector per
+    head of that standard deviation (real keys' large shared component, which centering takes out)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     k_scale, v_scale = 0.5, 0.25
-    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits)
+    layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits, key_center)
     rotation = LayerRotation(num_kv_heads, head_dim, layer_id=layer_id, seed=seed, device=device)
 
     n_fp8 = sum(fp8_pages_per_req) + spare_pages
@@ -128,6 +132,9 @@ def make_batch(
     v_fp8 = fp8_pages(n_fp8, page_size, num_kv_heads, head_dim, v_scale, gen, device)
     n_tq3 = sum(tq3_pages_per_req) + spare_pages
     src_k = fp8_pages(n_tq3, page_size, num_kv_heads, head_dim, k_scale, gen, device)
+    if key_offset:
+        shift = key_offset * torch.randn(n_tq3, 1, num_kv_heads, head_dim, generator=gen, device=device)
+        src_k = fp8_quantize((fp8_dequantize(src_k, k_scale) + shift).to(torch.bfloat16), k_scale)
     src_v = fp8_pages(n_tq3, page_size, num_kv_heads, head_dim, v_scale, gen, device)
     tq3 = tq3_pages_from(src_k, src_v, layout, rotation, k_scale, v_scale)
 

@@ -106,6 +106,27 @@ def test_decodes_build_for_4bit_keys(hq: int, h: int, d: int, page: int) -> None
         tq3_decode_kernel.get_tir(h, hq // h, d, page, d**-0.5, cents[:12], **config)
 
 
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
+def test_decodes_build_for_page_centered_keys(hq: int, h: int, d: int, page: int) -> None:
+    # --minima-key-center: each step's pages' mean keys come into the ring by one 16-byte cp.async per
+    # lane of D/8, from the page's k_mean field (pages of 16 tokens: a step spans several)
+    from minima_kernels import tile_config, tq3_decode_kernel
+    from minima_kernels.common import key_centroids_fp16
+    from minima_kernels.heuristics import fused_build_of
+    from minima_kernels.mixed_decode import mixed_decode_kernel
+
+    config, cents = tile_config(hq // h, page, d, None, 4, True), key_centroids_fp16(d, 4)
+    for src in (
+        _compile(tq3_decode_kernel, h, hq // h, d, page, d**-0.5, cents, key_center=True, **config),
+        _compile(mixed_decode_kernel, h, hq // h, d, page, d**-0.5, cents, "bfloat16", key_center=True, **fused_build_of(config, page)),
+    ):
+        body = src.split("namespace minima")[-1]
+        assert "minima::cp_async_to<16>(" in body and "minima::k4_keys(" in body
+    plain = _compile(tq3_decode_kernel, h, hq // h, d, page, d**-0.5, cents, **tile_config(hq // h, page, d, None, 4))
+    assert "minima::cp_async_to<16>(" not in plain.split("namespace minima")[-1]
+
+
 def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:
     from minima_kernels import tq3_decode_kernel
     from minima_kernels.common import key_centroids_fp16
@@ -121,9 +142,9 @@ def test_two_page_steps_past_the_tested_head_dims_are_refused() -> None:
         fp8_decode_kernel(4, 6, 256, 64, 256**-0.5, "bfloat16", pages_per_step=2)
 
 
-@pytest.mark.parametrize("key_bits", [3, 4])
+@pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int, key_bits: int) -> None:
+def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int, key_bits: int, key_center: bool) -> None:
     import torch
     from minima_kernels import fp8_to_tq3_kernel, tq3_to_fp8_kernel
     from sglang_minima.codec import key_codebook
@@ -134,13 +155,15 @@ def test_conversions_compile_without_contraction(hq: int, h: int, d: int, p: int
     thr = tuple(float(t) for t in book.thresholds)
     inv = fp32_inv_sqrt(d)
     sqrt_d = float(torch.tensor(math.sqrt(d), dtype=torch.float32))
-    fwd = _compile(fp8_to_tq3_kernel, h, p, d, cent, thr, inv, sqrt_d)
-    bwd = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv)
-    heads = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv, output="bf16_heads")  # the prefill's TQ3 tile
+    fwd = _compile(fp8_to_tq3_kernel, h, p, d, cent, thr, inv, sqrt_d, key_center=key_center)
+    bwd = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv, key_center=key_center)
+    heads = _compile(tq3_to_fp8_kernel, h, p, d, cent, inv, key_center=key_center, output="bf16_heads")  # the prefill's TQ3 tile
     for src in (fwd, bwd, heads):
         assert "__fmaf" not in src and "fmaf(" not in src
     # the value min and max get + 0.0 (-0.0 -> +0.0) as an add TVM's simplifier cannot drop
     assert fwd.count("__fadd_rn(") == 2
+    # page-centered keys: the mean is one IEEE division of the tokens' sum by the page size
+    assert fwd.count("__fdiv_rn(") == int(key_center)
 
 
 @pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])
@@ -161,6 +184,14 @@ def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
     chunks = tile_config(hq // h, 64, d)["step_chunks"]
     assert loop.count("HMMA") == chunks * 2 * d // 16
     assert loop.count("LDS") >= chunks * d // 4  # the key table, one load per code pair, plus the ring reads
+    if d == 128:  # the server's keys (4-bit), page-centered: one more D/16 MMAs a step (its page's q'.m), no spills
+        (tmp_path / "center").mkdir()
+        for center in (False, True):
+            cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path / "center", key_bits=4, key_center=center)
+            usage = kernel_sass.cuobjdump(cubin, "-res-usage")
+            assert "STACK:0" in usage and "LOCAL:0" in usage, usage
+            (loop,) = kernel_sass.role_loops(kernel_sass.cuobjdump(cubin, "-sass"), 1)
+            assert [kernel_sass.opcode(t) for t in loop].count("HMMA") == chunks * 2 * d // 16 + center * d // 16
 
 
 @pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])

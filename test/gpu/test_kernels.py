@@ -100,6 +100,29 @@ def test_decode_reads_4bit_keys(hq: int, h: int, d: int, p: int, fp8_kernel: str
     assert "k4_keys" in kernel.get_kernel_source()
 
 
+@pytest.mark.parametrize("fp8_kernel", ["flashinfer", "fused"])
+@pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
+def test_decode_reads_page_centered_keys(hq: int, h: int, d: int, p: int, fp8_kernel: str) -> None:
+    # --minima-key-center (4-bit keys, the server's width): each TQ3 page's keys shifted by its own
+    # vector, coded about the page's mean; the TQ3 and fused decodes add q'.m per page and match the
+    # torch reference, which without the means is far off (the term is not lost in the tolerance)
+    import dataclasses
+
+    from kv_fixtures import make_batch
+    from sglang_minima.codec import page_fields
+
+    batch = make_batch(hq, h, d, p, [1, 3, 2, 1], [9, 0, 5, 13], [1, p - 1, p, 7], seed=hq + p + 6, key_bits=4,
+                       key_center=True, key_offset=0.5)
+    wrapper = _wrapper(hq, h, d, p, fp8_kernel, key_bits=4, key_center=True)
+    out, lse = _run_poisoned(wrapper, batch)
+    _check(batch, out, lse, hq, d)
+    no_mean = batch.tq3_pages.clone()
+    page_fields(no_mean, batch.layout).k_mean.zero_()
+    wrong, _ = dataclasses.replace(batch, tq3_pages=no_mean).reference(d**-0.5)
+    print(f"without the means: rel_err(out)={_rel(out, wrong):.2e}")
+    assert _rel(out, wrong) > 5 * OUT_RTOL
+
+
 @pytest.mark.parametrize("tq3_config", [{"warps": 4, "min_blocks": 2}, {"warps": 8, "min_blocks": 1}], ids=["4w2b", "8w1b"])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
 def test_mixed_decode_with_another_tq3_build(hq: int, h: int, d: int, p: int, tq3_config: dict) -> None:
@@ -371,15 +394,19 @@ def test_glue_rotations_are_the_codecs(hq: int, h: int, d: int, p: int) -> None:
     assert bool((lse == lse_partial[:, :, 0]).all())
 
 
-@pytest.mark.parametrize("key_bits", [3, 4])
+KEY_FORMATS = pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)],
+                                      ids=["k3", "k4", "k4-center"])
+
+
+@KEY_FORMATS
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int, key_bits: int) -> None:
+def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int, key_bits: int, key_center: bool) -> None:
     from kv_fixtures import fp8_pages, tq3_pages_from
     from minima_kernels import fp8_to_tq3
     from sglang_minima.codec import LayerRotation, TQ3PageLayout, page_fields
 
     gen = torch.Generator(device="cuda").manual_seed(d)
-    layout = TQ3PageLayout(h, p, d, key_bits)
+    layout = TQ3PageLayout(h, p, d, key_bits, key_center)
     rotation = LayerRotation(h, d, layer_id=3, seed=7, device="cuda")
     k_scale, v_scale = 0.37, 0.29  # non-power-of-two scales: the dequant multiply rounds
     k = fp8_pages(12, p, h, d, k_scale, gen, "cuda")
@@ -389,14 +416,14 @@ def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int, key_bits: 
     src = torch.tensor([5, 0, 11, 3, 7], dtype=torch.int32, device="cuda")
     dst = torch.tensor([2, 6, 0, 4, 1], dtype=torch.int32, device="cuda")
     pool = torch.full((8, layout.page_bytes), 0xAB, dtype=torch.uint8, device="cuda")
-    fp8_to_tq3(k, v, src, dst, pool, rotation, k_scale=k_scale, v_scale=v_scale, key_bits=key_bits)
+    fp8_to_tq3(k, v, src, dst, pool, rotation, k_scale=k_scale, v_scale=v_scale, key_bits=key_bits, key_center=key_center)
     torch.cuda.synchronize()
     ref = tq3_pages_from(k[src.long()], v[src.long()], layout, rotation, k_scale, v_scale)
     got = pool[dst.long()]
     print(f"fp8_to_tq3: {int((got != ref).sum())} of {ref.numel()} bytes differ")
     mine, theirs = page_fields(got, layout), page_fields(ref, layout)
     # every field, v_zero included: codec and kernel both store a zero min / max as +0.0
-    for name in ("k_codes", "v_codes", "k_norm", "v_scale", "v_zero"):
+    for name in ("k_codes", "v_codes", "k_norm", "v_scale", "v_zero") + (("k_mean",) if key_center else ()):
         a, b = getattr(mine, name), getattr(theirs, name)
         assert bool((a.view(torch.uint8) == b.view(torch.uint8)).all()), (
             f"{name} differs at {(a.view(torch.uint8) != b.view(torch.uint8)).nonzero()[:8].tolist()}"
@@ -407,13 +434,13 @@ def test_fp8_to_tq3_is_bit_identical(hq: int, h: int, d: int, p: int, key_bits: 
     assert bool((pool[untouched] == 0xAB).all())
 
 
-def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int, key_bits: int = 3):
+def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int, key_bits: int = 3, key_center: bool = False):
     """(layout, rotation, 6 TQ3 pages) encoded by the codec from FP8 pages at scales 0.5 / 0.25."""
     from kv_fixtures import fp8_pages, tq3_pages_from
     from sglang_minima.codec import LayerRotation, TQ3PageLayout
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    layout = TQ3PageLayout(h, p, d, key_bits)
+    layout = TQ3PageLayout(h, p, d, key_bits, key_center)
     rotation = LayerRotation(h, d, layer_id=layer_id, seed=5, device="cuda")
     tq3 = tq3_pages_from(
         fp8_pages(6, p, h, d, 0.5, gen, "cuda"), fp8_pages(6, p, h, d, 0.25, gen, "cuda"), layout, rotation, 0.5, 0.25
@@ -421,19 +448,21 @@ def _encoded_tq3_pages(h: int, p: int, d: int, *, seed: int, layer_id: int, key_
     return layout, rotation, tq3
 
 
-@pytest.mark.parametrize("key_bits", [3, 4])
+@KEY_FORMATS
 @pytest.mark.parametrize("k_scale,v_scale", [(0.5, 0.25), (0.37, 0.29)])  # powers of two, and scales that round
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float, key_bits: int) -> None:
+def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: float, v_scale: float, key_bits: int,
+                                     key_center: bool) -> None:
     from minima_kernels import tq3_to_fp8
     from sglang_minima.codec import decode_pages, fp8_requantize, key_codebook, to_original_space
 
-    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 1, layer_id=1, key_bits=key_bits)
+    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 1, layer_id=1, key_bits=key_bits, key_center=key_center)
     src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
     dst = torch.tensor([0, 3, 2], dtype=torch.int32, device="cuda")
     k_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
     v_cache = torch.full((5, p, h, d), 0x7F, dtype=torch.uint8, device="cuda")
-    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=k_scale, v_scale=v_scale, key_bits=key_bits)
+    tq3_to_fp8(tq3, src, dst, k_cache, v_cache, rotation, k_scale=k_scale, v_scale=v_scale, key_bits=key_bits,
+               key_center=key_center)
     torch.cuda.synchronize()
     k_rot, v_rot = decode_pages(tq3[src.long()], layout, key_codebook(d, key_bits))
     ref_k = fp8_requantize(to_original_space(k_rot, rotation), k_scale).transpose(1, 2)
@@ -445,19 +474,19 @@ def test_tq3_to_fp8_is_bit_identical(hq: int, h: int, d: int, p: int, k_scale: f
     assert bool((k_cache[[1, 4]] == 0x7F).all())
 
 
-@pytest.mark.parametrize("key_bits", [3, 4])
+@KEY_FORMATS
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_tq3_to_bf16_heads_equals_the_codec(hq: int, h: int, d: int, p: int, key_bits: int) -> None:
+def test_tq3_to_bf16_heads_equals_the_codec(hq: int, h: int, d: int, p: int, key_bits: int, key_center: bool) -> None:
     # the prefill's TQ3 tile: the promotion kernel's decode and un-rotation (the codec's fp32 values)
     # cast to bf16, head-major, the c-th listed page at tokens c * P; tokens past the list untouched
     from minima_kernels import PageConversions
     from sglang_minima.codec import decode_pages, key_codebook, to_original_space
 
-    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 3, layer_id=2, key_bits=key_bits)
+    layout, rotation, tq3 = _encoded_tq3_pages(h, p, d, seed=d + 3, layer_id=2, key_bits=key_bits, key_center=key_center)
     src = torch.tensor([4, 1, 5], dtype=torch.int32, device="cuda")
     k_out = torch.full((h, 4 * p, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     v_out = torch.full_like(k_out, float("nan"))
-    PageConversions(h, p, d, key_bits).tq3_to_bf16_heads(tq3, src, k_out, v_out, rotation.signs)
+    PageConversions(h, p, d, key_bits, key_center).tq3_to_bf16_heads(tq3, src, k_out, v_out, rotation.signs)
     torch.cuda.synchronize()
     k_rot, v_rot = decode_pages(tq3[src.long()], layout, key_codebook(d, key_bits))  # [n, H, P, D]
     for got, x in ((k_out, k_rot), (v_out, v_rot)):

@@ -5,6 +5,7 @@ runs against a stand-in that follows the kernels' contract with the torch codec.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -24,8 +25,8 @@ GEOMETRIES = [(3, 64, 64), (8, 128, 64), (4, 256, 32)]  # kv heads, head dim, pa
 class CodecPageConversions:
     """``minima_kernels.PageConversions``' contract (both directions), computed by the torch codec (CPU stand-in)."""
 
-    def __init__(self, heads: int, page_size: int, head_dim: int, key_bits: int = 3):
-        self.layout = TQ3PageLayout(heads, page_size, head_dim, key_bits)
+    def __init__(self, heads: int, page_size: int, head_dim: int, key_bits: int = 3, key_center: bool = False):
+        self.layout = TQ3PageLayout(heads, page_size, head_dim, key_bits, key_center)
         self.codebook = key_codebook(head_dim, key_bits)
 
     encode_kernel = decode_kernel = "built"  # the real ones compile here
@@ -159,9 +160,9 @@ def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeyp
 
 
 def test_layout_options_convert_on_the_torch_codec(monkeypatch, caplog):
-    """The kernels write neither page-centered keys nor Lloyd-Max or 4-bit values: where they would
-    serve the same store without them (kernels importable), a store with any of them converts through
-    the codec, and the log says which."""
+    """The kernels write neither Lloyd-Max nor 4-bit values: where they would serve the same store
+    without them (kernels importable), a store with either converts through the codec, and the log says
+    which; page-centered keys alone take the kernels."""
     monkeypatch.setitem(sys.modules, "minima_kernels", types.SimpleNamespace(PageConversions=CodecPageConversions))
     for center, code, bits in ((False, "uniform", 3), (True, "uniform", 3), (False, "lloyd-max", 3),
                                (True, "lloyd-max", 3), (False, "uniform", 4)):
@@ -170,9 +171,9 @@ def test_layout_options_convert_on_the_torch_codec(monkeypatch, caplog):
         cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
         caplog.clear()
         with caplog.at_level("INFO", logger=kernel_conversions.logger.name):
-            assert (kernel_conversions.kernel_conversions(cuda_like) is None) == (center or code != "uniform" or bits == 4)
+            assert (kernel_conversions.kernel_conversions(cuda_like) is None) == (code != "uniform" or bits == 4)
         said = caplog.text
-        assert ("page-centered keys" in said) == center and ("lloyd-max values" in said) == (code != "uniform")
+        assert "page-centered keys" not in said and ("lloyd-max values" in said) == (code != "uniform")
         assert ("4-bit values (--minima-value-bits 4)" in said) == (bits == 4)
 
 
@@ -184,3 +185,7 @@ def test_four_bit_keys_take_the_kernels_of_their_width(monkeypatch):
     cuda_like = types.SimpleNamespace(shape=shape, device=torch.device("cuda"), is_fp8=True)
     conversions = kernel_conversions.kernel_conversions(cuda_like)
     assert conversions is not None and conversions.kernels.layout.key_bits == 4
+    # and page-centered keys take kernels built for them
+    centered = dataclasses.replace(shape, layout=TQ3PageLayout(2, 16, 64, 4, key_center=True))
+    conversions = kernel_conversions.kernel_conversions(types.SimpleNamespace(**{**vars(cuda_like), "shape": centered}))
+    assert conversions is not None and conversions.kernels.layout.key_center

@@ -44,16 +44,17 @@ def test_defaults_on_gpu_serve_the_kernels_with_decode_graphs(monkeypatch, tmp_p
     assert "--cuda-graph-backend-decode" not in flags and flags["--cuda-graph-backend-prefill"] == "disabled"
 
 
-def test_4bit_keys_on_gpu_serve_the_kernels(monkeypatch, tmp_path):
+@pytest.mark.parametrize("key_flags", [["--minima-key-bits", "4"], ["--minima-key-center"]])
+def test_key_formats_on_gpu_serve_the_kernels(monkeypatch, tmp_path, key_flags):
     monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
-    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--minima-key-bits", "4"])
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), *key_flags])
     flags = dict(zip(argv[::2], argv[1::2]))
     assert flags["--attention-backend"] == "minima" and "--cuda-graph-backend-decode" not in flags
 
 
 @pytest.mark.parametrize("minima_flags", [["--minima-hot-dtype", "auto"], ["--minima-attention-score-anchors"],
                                          ["--minima-anchor-window", "64", "--minima-anchor-pages", "4"],
-                                         ["--minima-key-center"], ["--minima-value-code", "lloyd-max"],
+                                         ["--minima-value-code", "lloyd-max"],
                                          ["--minima-value-bits", "4"]])
 @pytest.mark.parametrize("backend_flag", ["--attention-backend", "--decode-attention-backend",
                                           "--prefill-attention-backend"])

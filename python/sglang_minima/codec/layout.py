@@ -273,7 +273,7 @@ class TQ3PageLayout:
     def kernel_unread(self) -> list[str]:
         """This layout's options the GPU kernels neither read nor write, each with its flag (empty: they
         serve it): where the decode backend refuses the pool and the store converts on the torch codec."""
-        return kernel_unread_options(self.key_center, self.value_code, self.value_bits)
+        return kernel_unread_options(self.value_code, self.value_bits)
 
     @property
     def k_mean_offset(self) -> int:
@@ -304,10 +304,10 @@ class TQ3PageLayout:
         return (raw + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN
 
 
-def kernel_unread_options(key_center: bool, value_code: str, value_bits: int) -> list[str]:
-    """``TQ3PageLayout.kernel_unread`` from the options alone (no geometry: what the launcher has)."""
+def kernel_unread_options(value_code: str, value_bits: int) -> list[str]:
+    """``TQ3PageLayout.kernel_unread`` from the options alone (no geometry: what the launcher has).
+    Page-centered keys are served (the decodes add q'.m, the conversions write and read the mean)."""
     return [what for what, on in (
-        ("page-centered keys (--minima-key-center)", key_center),
         (f"{value_code} values (--minima-value-code {value_code})", value_code != UNIFORM_VALUES),
         (f"{value_bits}-bit values (--minima-value-bits {value_bits})", value_bits != TQ3_BITS),
     ) if on]

@@ -32,7 +32,7 @@ class KernelConversions:
         from minima_kernels import PageConversions
 
         self.store = store
-        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim, s.layout.key_bits)
+        self.kernels = PageConversions(s.num_kv_heads, s.page_size, s.head_dim, s.layout.key_bits, s.layout.key_center)
         # built (or loaded from TileLang's cache) now, not at the first conversion
         _ = self.kernels.encode_kernel, self.kernels.decode_kernel
         self._scales: list[tuple[tuple[float, float], torch.Tensor] | None] = [None] * s.num_layers

@@ -305,7 +305,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, q_dtype = key
         return cls(
             self._workspace, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale=sm_scale, q_dtype=q_dtype,
-            key_bits=self.token_to_kv_pool.layout.key_bits,
+            key_bits=self.token_to_kv_pool.layout.key_bits, key_center=self.token_to_kv_pool.layout.key_center,
         )
 
 
