@@ -154,6 +154,11 @@ ARMS: dict[str, ArmSpec] = {
         # pages under pressure, which is what these arms measure
         *(ArmSpec(f"minima-fp8share{n}", "sglang_minima.launch_server", ("--minima-fp8-page-fraction", f"0.{n}"))
           for n in (15, 20)),
+        # 20% with strict admission: a prompt waits for hot pages instead of converting sink or Recent ones
+        ArmSpec("minima-fp8share20-strict", "sglang_minima.launch_server",
+                ("--minima-fp8-page-fraction", "0.2", "--minima-strict-hot-admission")),
+        # the defaults with page-centered keys (minima-k4-center below carries the pinned older policy)
+        ArmSpec("minima-default-center", "sglang_minima.launch_server", ("--minima-key-center",)),
     )
 } | {
     a.name: _pinned(a)
@@ -177,7 +182,7 @@ ARMS: dict[str, ArmSpec] = {
         # the defaults since 2026-12-05
         ArmSpec("minima-k4-defer-sink2", "sglang_minima.launch_server",
                 ("--minima-sink-pages", "2", "--minima-defer-prefill-conversion")),
-        # page-centered keys (the torch path serves them: minima_native on CUDA too)
+        # page-centered keys on the pinned policy (the kernels serve them since 2026-12-06)
         ArmSpec("minima-k4-center", "sglang_minima.launch_server", ("--minima-key-center",)),
         # observation-window Anchors: the 4 pages a prompt's last 64 tokens attend most stay hot (with
         # the deferred conversion, chosen among all of a chunked prompt's pages)

@@ -1,6 +1,7 @@
 """benchmark/quality/niah.py without a server: how examples are grouped for concurrent answering, and
 how the report counts the route counters of a group (read once per group, not once per example)."""
 
+import dataclasses
 import json
 import sys
 from argparse import Namespace
@@ -159,4 +160,10 @@ def test_every_minima_arm_is_a_valid_minima_config():
         minima_argv, _ = split_minima_argv(list(arm.flags))
         config = parse_minima_argv(minima_argv)
         if arm.name.startswith("minima-fp8share"):
-            assert config.fp8_page_fraction == int(arm.name.removeprefix("minima-fp8share")) / 100
+            assert config.fp8_page_fraction == int(arm.name.removeprefix("minima-fp8share")[:2]) / 100
+        assert config.strict_hot_admission == arm.name.endswith("-strict")
+        assert config.key_center == arm.name.endswith("-center")
+    # the defaults and page-centered keys, nothing else (minima-k4-center carries the pinned older policy)
+    centered = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-center"].flags))[0])
+    assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
+    assert parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-k4-center"].flags))[0]) != centered
