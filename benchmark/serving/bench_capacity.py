@@ -15,6 +15,8 @@ Arms (``--arms``):
   minima        Minima's defaults (Recent/Anchor FP8, Stale TQ3)
   minima-nodefer  Minima with --minima-no-defer-prefill-conversion (prefill chunks read their own prompt's TQ3 pages)
   minima-lean   Minima with only a few FP8 pages (--minima-fp8-page-fraction --lean-fraction)
+  minima-lean-strict  minima-lean with --minima-strict-hot-admission (a prompt waits for hot pages
+                instead of converting a live request's sink or Recent pages)
 
 Workloads (``--dataset``): ``gsp`` is bench_serving's generated-shared-prefix (``--num-groups``
 groups of ``--prompts-per-group`` prompts sharing a ``--system-prompt-len`` system prompt); ``random``
@@ -192,6 +194,7 @@ def arms(device: str, lean_fraction: float) -> dict[str, Arm]:
         "minima": known["minima"],
         "minima-nodefer": known["minima-nodefer"],
         "minima-lean": Arm("minima-lean", "sglang_minima.launch_server", lean),
+        "minima-lean-strict": Arm("minima-lean-strict", "sglang_minima.launch_server", lean + ["--minima-strict-hot-admission"]),
     }
     if device != "cpu":
         chosen["sglang-fp8"] = known["sglang-fp8"]

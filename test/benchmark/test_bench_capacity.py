@@ -109,6 +109,7 @@ def test_budgets_rounds_and_ratios(tmp_path):
     # bytes per head and layer; 3-bit keys, the 2026-12-02 H200 run's: 35,968)
     assert per["minima"] == 39_040 and per["minima-nodefer"] == per["minima"]
     assert per["minima-lean"] < per["minima"]
+    assert per["minima-lean-strict"] == per["minima-lean"]  # strict admission: the same bytes, prompts wait
     assert "sglang-fp8" not in got["cpu_arms"]  # SGLang's FP8 KV does not start on this CPU
     assert got["rounds"] == [[8, 8], [16, 16]]
     # at the most running requests (16), the fastest window: 16 rows / 944 tok/s
