@@ -159,6 +159,8 @@ def fp8_to_tq3_kernel(
     key_bits = key_bits_of(centroids)
     layout = TQ3PageLayout(num_kv_heads, page_size, head_dim, key_bits, key_center)
     H, P, D = num_kv_heads, page_size, head_dim
+    if key_center and not is_power_of_two(P):  # (the codec zero-pads to the next power of two)
+        raise ValueError(f"page_size={P}: the kernel sums a page's keys for their mean by halving, a power of two")
     log_d = log2_int(D)
     pad_offset = layout.payload_bytes + layout.metadata_bytes
     pad_bytes = layout.page_bytes - pad_offset

@@ -111,6 +111,9 @@ def tile_config(group_size: int, page_size: int, head_dim: int = 128, batch: int
         build = {"warps": 8, "min_blocks": 1, "step_chunks": 2 * STEP_CHUNKS}
     else:
         build = {"warps": 4, "min_blocks": 4, "step_chunks": 2 * STEP_CHUNKS}
+    if key_center and head_dim >= 256:
+        # the page's q'.m takes a few registers more: 12 warps' 168 spilled 8 bytes (3-bit keys)
+        build["warps"] = min(build["warps"], 8)
     if key_bits == 3 and not key_center:
         return build
     # 4-bit keys (correct on the H200, not timed or tuned there yet): a 32 KB key table and a third more

@@ -103,8 +103,8 @@ class MinimaConfig:
     key_center: bool = _option(
         False,
         "Page-centered Stale keys: each TQ3 page keeps its mean rotated key per head (fp16, 16 bits per key "
-        "element per page) and codes the keys' residual from it (docs/TQ3P.md). Served by the torch path "
-        "(minima_native); the GPU kernels do not read it yet.",
+        "element per page) and codes the keys' residual from it (docs/TQ3P.md). Served by both attention "
+        "backends (the kernels add each page's q.mean); off: no gain in served answers (docs/results/quality.md).",
     )
     value_code: str = _option(
         "uniform",

@@ -8,7 +8,7 @@ default model (SmolLM2-135M-Instruct) is served. The attention backend is ``mini
 through the fused kernels) and ``minima_native`` (torch) on CPU; on CUDA, what the kernels do not read
 (hot pages in the model dtype: ``--minima-hot-dtype auto``; page scores for score Anchors:
 ``--minima-attention-score-anchors``; the observation window's page mass: ``--minima-anchor-window``;
-page-centered keys: ``--minima-key-center``)
+Lloyd-Max or 4-bit values: ``--minima-value-code lloyd-max``, ``--minima-value-bits 4``)
 selects ``minima_native``, and is refused with
 ``--attention-backend minima``. ``minima`` keeps SGLang's decode CUDA graphs (its plan is written
 inside the graph); extend batches are planned on the host, so prefill graphs are off by default and

@@ -166,4 +166,3 @@ def test_every_minima_arm_is_a_valid_minima_config():
     # the defaults and page-centered keys, nothing else (minima-k4-center carries the pinned older policy)
     centered = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-center"].flags))[0])
     assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
-    assert parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-k4-center"].flags))[0]) != centered

@@ -69,10 +69,11 @@ def test_prefix_hits_on_tq3_pages(default_server):
     # one more bit a value element: H x P x D / 8 bytes more
     (["--minima-value-bits", "4"], {"value_bits": 4}, lambda h, p, d: h * p * d // 8),
 ], ids=["key_center", "lloyd_max_values", "4bit_values"])
-def test_layout_options_serve_on_the_torch_path(tmp_path, flags, option, delta):
+def test_layout_options_serve(tmp_path, flags, option, delta):
     """``--minima-key-center`` / ``--minima-value-code lloyd-max`` / ``--minima-value-bits 4``: TQ3
     pages carry the option's fields (the pool's page bytes say so), later prefill chunks and the
-    decode read them, and the programs answer with no fallback."""
+    decode read them, and the programs answer with no fallback (on CPU the torch path; on CUDA the
+    values' options take it too, page-centered keys the kernels)."""
     from minima_test_support.server import launch
 
     from sglang_minima.codec.layout import TQ3PageLayout

@@ -127,6 +127,16 @@ def test_decodes_build_for_page_centered_keys(hq: int, h: int, d: int, page: int
     assert "minima::cp_async_to<16>(" not in plain.split("namespace minima")[-1]
 
 
+def test_centered_conversion_refuses_a_page_size_it_cannot_halve() -> None:
+    # pages of 48 tokens are valid TQ3 pages (the torch codec centers them, zero-padding its sum): the
+    # kernel says why it does not, and the store converts such pages on the codec
+    from minima_kernels.convert import _kernel_constants, fp8_to_tq3_kernel
+
+    with pytest.raises(ValueError, match="page_size=48: the kernel sums a page's keys"):
+        fp8_to_tq3_kernel.get_tir(4, 48, 64, *_kernel_constants(64, 4), key_center=True)
+    fp8_to_tq3_kernel.get_tir(4, 48, 64, *_kernel_constants(64, 4))  # uncentered: no sum over the page
+
+
 def test_tq3_decode_rejects_steps_that_straddle_pages() -> None:
     from minima_kernels import tq3_decode_kernel
     from minima_kernels.common import key_centroids_fp16
@@ -184,14 +194,17 @@ def test_decode_main_loop_sass(hq: int, h: int, d: int, tmp_path) -> None:
     chunks = tile_config(hq // h, 64, d)["step_chunks"]
     assert loop.count("HMMA") == chunks * 2 * d // 16
     assert loop.count("LDS") >= chunks * d // 4  # the key table, one load per code pair, plus the ring reads
-    if d == 128:  # the server's keys (4-bit), page-centered: one more D/16 MMAs a step (its page's q'.m), no spills
+    if d >= 128:  # page-centered keys: one more D/16 MMAs a step (its page's q'.m), no spills (the server's
+        # 4-bit keys at 128; 3-bit keys at 256, whose 12-warp build spilled until tile_config capped it at 8)
+        bits = 4 if d == 128 else 3
         (tmp_path / "center").mkdir()
         for center in (False, True):
-            cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path / "center", key_bits=4, key_center=center)
+            cubin = kernel_sass.build_cubin(f"{hq}/{h}/{d}", 64, {}, tmp_path / "center", key_bits=bits, key_center=center)
             usage = kernel_sass.cuobjdump(cubin, "-res-usage")
             assert "STACK:0" in usage and "LOCAL:0" in usage, usage
             (loop,) = kernel_sass.role_loops(kernel_sass.cuobjdump(cubin, "-sass"), 1)
-            assert [kernel_sass.opcode(t) for t in loop].count("HMMA") == chunks * 2 * d // 16 + center * d // 16
+            steps = tile_config(hq // h, 64, d, None, bits, center)["step_chunks"]
+            assert [kernel_sass.opcode(t) for t in loop].count("HMMA") == steps * 2 * d // 16 + center * d // 16
 
 
 @pytest.mark.parametrize("hq,h,d", [(24, 4, 256), (32, 8, 128), (9, 3, 64)])

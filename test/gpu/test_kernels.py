@@ -100,10 +100,11 @@ def test_decode_reads_4bit_keys(hq: int, h: int, d: int, p: int, fp8_kernel: str
     assert "k4_keys" in kernel.get_kernel_source()
 
 
+@pytest.mark.parametrize("key_bits", [4, 3])
 @pytest.mark.parametrize("fp8_kernel", ["flashinfer", "fused"])
 @pytest.mark.parametrize("hq,h,d,p", GEOMETRIES)
-def test_decode_reads_page_centered_keys(hq: int, h: int, d: int, p: int, fp8_kernel: str) -> None:
-    # --minima-key-center (4-bit keys, the server's width): each TQ3 page's keys shifted by its own
+def test_decode_reads_page_centered_keys(hq: int, h: int, d: int, p: int, fp8_kernel: str, key_bits: int) -> None:
+    # --minima-key-center (either key width; 4 is the server's): each TQ3 page's keys shifted by its own
     # vector, coded about the page's mean; the TQ3 and fused decodes add q'.m per page and match the
     # torch reference, which without the means is far off (the term is not lost in the tolerance)
     import dataclasses
@@ -111,9 +112,9 @@ def test_decode_reads_page_centered_keys(hq: int, h: int, d: int, p: int, fp8_ke
     from kv_fixtures import make_batch
     from sglang_minima.codec import page_fields
 
-    batch = make_batch(hq, h, d, p, [1, 3, 2, 1], [9, 0, 5, 13], [1, p - 1, p, 7], seed=hq + p + 6, key_bits=4,
+    batch = make_batch(hq, h, d, p, [1, 3, 2, 1], [9, 0, 5, 13], [1, p - 1, p, 7], seed=hq + p + 6, key_bits=key_bits,
                        key_center=True, key_offset=0.5)
-    wrapper = _wrapper(hq, h, d, p, fp8_kernel, key_bits=4, key_center=True)
+    wrapper = _wrapper(hq, h, d, p, fp8_kernel, key_bits=key_bits, key_center=True)
     out, lse = _run_poisoned(wrapper, batch)
     _check(batch, out, lse, hq, d)
     no_mean = batch.tq3_pages.clone()
@@ -394,8 +395,8 @@ def test_glue_rotations_are_the_codecs(hq: int, h: int, d: int, p: int) -> None:
     assert bool((lse == lse_partial[:, :, 0]).all())
 
 
-KEY_FORMATS = pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True)],
-                                      ids=["k3", "k4", "k4-center"])
+KEY_FORMATS = pytest.mark.parametrize("key_bits,key_center", [(3, False), (4, False), (4, True), (3, True)],
+                                      ids=["k3", "k4", "k4-center", "k3-center"])
 
 
 @KEY_FORMATS
