@@ -8,12 +8,17 @@ Each ``--run`` is ``DIR:ARM@CHUNK``; the reference is ``--reference`` at the sam
 directory (so every difference is paired within its own call). With ``--disjoint`` the runs hold
 different examples (other lengths, other calls): their paired differences are put together, an
 example answered by two runs counted once (the first run's), instead of averaged over replicates.
+With ``--mixed`` the runs are both: each example's difference is averaged over every run that
+answered it (replicates where runs share examples, the others added), e.g. a grid of lengths with
+more calls at some lengths than at others.
 
   python benchmark/quality/pooled_delta.py --reference fp8 --length 1024 \\
       --run docs/results/quality_h200:minima-nostale@256 --run docs/results/quality_h200_256b:minima-nostale@256 \\
       --run docs/results/quality_h200_256c:minima-k4-recent16@256
   python benchmark/quality/pooled_delta.py --reference minima-k4 --disjoint \\
       --run docs/results/quality_h200_1k_1304:minima-k4-defer@256 --run docs/results/quality_h200_2k8k_1640:minima-k4-defer@256
+  python benchmark/quality/pooled_delta.py --reference fp8 --mixed \\
+      --run docs/results/quality_h100_sink_1105:minima-k4-defer-sink2@default --run docs/results/quality_h100_2k_0739:minima-default@default ...
 """
 
 from __future__ import annotations
@@ -86,6 +91,25 @@ def together(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int
             "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed)}
 
 
+def averaged(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
+    """The macro of every example's difference averaged over the runs that answered it (runs that
+    share some examples and not others), with its bootstrap 95% interval, each run's own macro and
+    how many examples more than one run answered."""
+    shared: dict[str, list[float]] = {}
+    task: dict[str, str] = {}
+    for r in runs:
+        for k, (t, d) in r.items():
+            shared.setdefault(k, []).append(d)
+            task[k] = t
+    if not shared:
+        raise SystemExit("no example was answered by both an arm and its reference")
+    tasks = sorted(set(task.values()))
+    per_task = [[float(np.mean(shared[k])) for k in shared if task[k] == t] for t in tasks]
+    return {"examples": len(shared), "tasks": len(tasks), "replicated": sum(len(d) > 1 for d in shared.values()),
+            "per_run": [niah.macro_diff([[d for t2, d in r.values() if t2 == t] for t in tasks]) for r in runs],
+            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=parse_run, action="append", required=True, metavar="DIR:ARM@CHUNK")
@@ -95,24 +119,28 @@ def main() -> None:
     ap.add_argument("--lost-keys", type=Path, metavar="FILE",
                     help="replicates: write the keys of the examples lost in every run, one a line "
                          "(stale_probe.py --keys @FILE runs them in the emulation)")
-    ap.add_argument("--disjoint", action="store_true",
-                    help="the runs hold different examples: put their differences together (not replicates)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--disjoint", action="store_true",
+                      help="the runs hold different examples: put their differences together (not replicates)")
+    mode.add_argument("--mixed", action="store_true",
+                      help="the runs share some examples: each example's difference averaged over the runs that answered it")
     args = ap.parse_args()
     runs = [paired(d, run, args.reference, args.length) for d, run in args.run]
-    r = (together if args.disjoint else pooled)(runs, args.bootstrap)
-    where = "in the runs together" if args.disjoint else f"in all {len(runs)} runs"
+    r = (together if args.disjoint else averaged if args.mixed else pooled)(runs, args.bootstrap)
+    where = ("in the runs together" if args.disjoint else
+             f"in the runs together, {r['replicated']} of them in more than one" if args.mixed else f"in all {len(runs)} runs")
     print(f"{r['examples']} examples {where} ({r['tasks']} tasks); macro Δ vs {args.reference}:")
     for (d, run), m in zip(args.run, r["per_run"]):
         none = "no example" + (f" of length {args.length}" if args.length else "")
         print(f"  {d}:{run.label}: {none if m is None else f'{m:+.2f}'}")
     print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
-    if not args.disjoint and len(runs) > 1:
+    if not (args.disjoint or args.mixed) and len(runs) > 1:
         print(f"  examples that lost in every run: {len(r['lost_in_every_run'])}, gained in every run: "
               f"{r['gained_in_every_run']}, changed in some runs only: {r['changed_in_some_runs']}")
         if args.lost_keys:
             args.lost_keys.write_text("".join(k + "\n" for k in r["lost_in_every_run"]))
     elif args.lost_keys:
-        raise SystemExit("--lost-keys: give two or more replicate runs (not --disjoint)")
+        raise SystemExit("--lost-keys: give two or more replicate runs (not --disjoint or --mixed)")
 
 
 if __name__ == "__main__":

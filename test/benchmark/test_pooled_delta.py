@@ -66,6 +66,27 @@ def test_disjoint_runs_put_their_examples_together_each_counted_once(tmp_path):
     assert lo <= r["pooled"] <= hi
 
 
+def test_mixed_runs_average_the_examples_they_share_and_add_the_others(tmp_path):
+    # the disjoint test's runs: the 1K single_1 example both answered (a: -100, b: 0) is averaged (-50)
+    # instead of taking a's alone
+    a, b = tmp_path / "a", tmp_path / "b"
+    one_k = [("niah_single_1", 1024, 0), ("niah_multikey_1", 1024, 0)]
+    two_k = [("niah_single_1", 2048, 0), ("niah_single_1", 2048, 1), ("niah_single_1", 1024, 0)]
+    _answers(a, "fp8@256", dict.fromkeys(one_k, 100.0))
+    _answers(b, "fp8@256", dict.fromkeys(two_k, 100.0))
+    _answers(a, "minima@256", {one_k[0]: 0.0, one_k[1]: 100.0})
+    _answers(b, "minima@256", {two_k[0]: 0.0, two_k[1]: 100.0, two_k[2]: 100.0})
+    runs = [pooled_delta.paired(d, pooled_delta.niah.Run("minima", "256"), "fp8", None) for d in (a, b)]
+    r = pooled_delta.averaged(runs, resamples=500)
+    assert (r["examples"], r["tasks"], r["replicated"]) == (4, 2, 1)
+    # single_1: -50 (1K, both), -100 and 0 (2K, b) -> -50; multikey_1: 0 -> macro -25
+    assert r["pooled"] == pytest.approx(-25.0)
+    assert r["per_run"] == [pytest.approx(-50.0), pytest.approx(-100 / 3)]
+    assert r["pooled"] != pooled_delta.together(runs, resamples=10)["pooled"]
+    lo, hi = r["ci95"]
+    assert lo <= r["pooled"] <= hi
+
+
 def test_a_run_is_dir_arm_and_chunk():
     directory, run = pooled_delta.parse_run("docs/results/x:minima-k4@256")
     assert directory == Path("docs/results/x") and (run.arm, run.chunk) == ("minima-k4", "256")
