@@ -50,6 +50,12 @@ def paired(directory: Path, run: niah.Run, reference: str, length: int | None) -
             if k in ref and (length is None or r["length"] == length)}
 
 
+def by_task(tasks: list[str], per_task: list[list[float]], resamples: int, seed: int) -> dict[str, tuple]:
+    """Each task's mean difference and bootstrap 95% interval (examples resampled within it): #17's
+    "no task worse than 3 pp with its interval excluding zero"."""
+    return {t: (niah.macro_diff([d]), niah.macro_ci([d], resamples, seed)) for t, d in zip(tasks, per_task) if d}
+
+
 def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
     """The macro (mean over tasks) of the per-example differences averaged over ``runs``, on the
     examples in every run, with its bootstrap 95% interval; each run's own macro there; the examples
@@ -67,6 +73,7 @@ def pooled(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int =
     return {"examples": len(keys), "tasks": len(tasks),
             "per_run": [niah.macro_diff(per_task(lambda k, r=r: r[k][1])) for r in runs],
             "pooled": niah.macro_diff(pooled_diffs), "ci95": niah.macro_ci(pooled_diffs, resamples, seed),
+            "per_task": by_task(tasks, pooled_diffs, resamples, seed),
             # whether the replicates' differences are the same examples' (the arm's own, which more
             # replicates cannot average away) or each call's (greedy answers moving between calls)
             "lost_in_every_run": [k for k, s in zip(keys, signs) if s == {-1}],
@@ -88,7 +95,8 @@ def together(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int
     per_task = [[d for t2, d in merged.values() if t2 == t] for t in tasks]
     return {"examples": len(merged), "tasks": len(tasks),
             "per_run": [niah.macro_diff([[d for t2, d in r.values() if t2 == t] for t in tasks]) for r in runs],
-            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed)}
+            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed),
+            "per_task": by_task(tasks, per_task, resamples, seed)}
 
 
 def averaged(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
@@ -107,7 +115,8 @@ def averaged(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int
     per_task = [[float(np.mean(shared[k])) for k in shared if task[k] == t] for t in tasks]
     return {"examples": len(shared), "tasks": len(tasks), "replicated": sum(len(d) > 1 for d in shared.values()),
             "per_run": [niah.macro_diff([[d for t2, d in r.values() if t2 == t] for t in tasks]) for r in runs],
-            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed)}
+            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed),
+            "per_task": by_task(tasks, per_task, resamples, seed)}
 
 
 def main() -> None:
@@ -119,6 +128,7 @@ def main() -> None:
     ap.add_argument("--lost-keys", type=Path, metavar="FILE",
                     help="replicates: write the keys of the examples lost in every run, one a line "
                          "(stale_probe.py --keys @FILE runs them in the emulation)")
+    ap.add_argument("--per-task", action="store_true", help="also each task's pooled difference and interval")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--disjoint", action="store_true",
                       help="the runs hold different examples: put their differences together (not replicates)")
@@ -134,6 +144,10 @@ def main() -> None:
         none = "no example" + (f" of length {args.length}" if args.length else "")
         print(f"  {d}:{run.label}: {none if m is None else f'{m:+.2f}'}")
     print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
+    if args.per_task:
+        for task, (mean, (lo, hi)) in r["per_task"].items():
+            flag = "  <- worse than 3 pp, interval below zero" if mean < -3 and hi < 0 else ""
+            print(f"    {task}: {mean:+.2f} [{lo:+.2f}, {hi:+.2f}]{flag}")
     if not (args.disjoint or args.mixed) and len(runs) > 1:
         print(f"  examples that lost in every run: {len(r['lost_in_every_run'])}, gained in every run: "
               f"{r['gained_in_every_run']}, changed in some runs only: {r['changed_in_some_runs']}")

@@ -85,6 +85,9 @@ def test_mixed_runs_average_the_examples_they_share_and_add_the_others(tmp_path)
     assert r["pooled"] != pooled_delta.together(runs, resamples=10)["pooled"]
     lo, hi = r["ci95"]
     assert lo <= r["pooled"] <= hi
+    # each task's own figure: single_1 averages -50, -100, 0 (-50); multikey_1 its one 0
+    (single, (lo1, hi1)), (multikey, _) = r["per_task"]["niah_single_1"], r["per_task"]["niah_multikey_1"]
+    assert single == pytest.approx(-50.0) and multikey == 0.0 and lo1 <= -50.0 <= hi1 and lo1 < hi1
 
 
 def test_a_run_is_dir_arm_and_chunk():
