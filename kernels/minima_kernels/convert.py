@@ -343,6 +343,14 @@ def tq3_to_fp8_kernel(
             w = tq3_i32[src, layout.k_codes_offset // 4 + h * hw + (chunk * LANES + lane) * lane_words + k]
             _store_key4_word(code_s, chunk, lane, k, w)
 
+    def decoded_key(tq3_f16, src, h, t, d, code):
+        """The rotated key s * c[code] (+ m with page-centered keys: two roundings, no fma, as the codec's
+        decode_pages)."""
+        key = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(centroids, code)
+        if key_center:
+            key = key + T.Cast(T.float32, tq3_f16[src, layout.k_mean_offset // 2 + h * D + d])
+        return key
+
     @T.macro
     def decode_keys(tq3_i32, tq3_f16, src, h, x_s, code_s):
         if key_bits == TQ3_BITS:
@@ -350,14 +358,7 @@ def tq3_to_fp8_kernel(
         else:
             unpack_keys4(tq3_i32, src, h, code_s)
         for t, d in T.Parallel(P, D):
-            if key_center:  # s * centroid, then + m: two roundings (no fma), as the codec's decode_pages
-                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
-                    centroids, code_s[t, d]
-                ) + T.Cast(T.float32, tq3_f16[src, layout.k_mean_offset // 2 + h * D + d])
-            else:
-                x_s[t, d] = T.Cast(T.float32, tq3_f16[src, layout.k_norm_offset // 2 + h * P + t]) * _select(
-                    centroids, code_s[t, d]
-                )
+            x_s[t, d] = decoded_key(tq3_f16, src, h, t, d, code_s[t, d])
 
     @T.macro
     def decode_values(tq3_i32, tq3_f16, src, h, x_s, code_s):
