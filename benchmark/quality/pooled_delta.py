@@ -85,35 +85,30 @@ def together(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int
     """The macro of the runs' paired differences put together (runs over different examples; a key
     two runs share counts once, the first run's), with its bootstrap 95% interval, and each run's
     own macro."""
-    merged: dict[str, tuple[str, float]] = {}
-    for r in runs:
-        for k, v in r.items():
-            merged.setdefault(k, v)
-    if not merged:
-        raise SystemExit("no example was answered by both an arm and its reference")
-    tasks = sorted({t for t, _ in merged.values()})
-    per_task = [[d for t2, d in merged.values() if t2 == t] for t in tasks]
-    return {"examples": len(merged), "tasks": len(tasks),
-            "per_run": [niah.macro_diff([[d for t2, d in r.values() if t2 == t] for t in tasks]) for r in runs],
-            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed),
-            "per_task": by_task(tasks, per_task, resamples, seed)}
+    return _combined(runs, lambda diffs: diffs[0], resamples, seed)
 
 
 def averaged(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int = 0) -> dict:
     """The macro of every example's difference averaged over the runs that answered it (runs that
     share some examples and not others), with its bootstrap 95% interval, each run's own macro and
     how many examples more than one run answered."""
-    shared: dict[str, list[float]] = {}
+    return _combined(runs, lambda diffs: float(np.mean(diffs)), resamples, seed)
+
+
+def _combined(runs: list[dict[str, tuple[str, float]]], reduce, resamples: int, seed: int) -> dict:
+    """The runs' examples together, each example's differences (in run order) reduced to one by
+    ``reduce``: ``together``'s first run's, ``averaged``'s mean."""
+    diffs: dict[str, list[float]] = {}
     task: dict[str, str] = {}
     for r in runs:
         for k, (t, d) in r.items():
-            shared.setdefault(k, []).append(d)
-            task[k] = t
-    if not shared:
+            diffs.setdefault(k, []).append(d)
+            task.setdefault(k, t)
+    if not diffs:
         raise SystemExit("no example was answered by both an arm and its reference")
     tasks = sorted(set(task.values()))
-    per_task = [[float(np.mean(shared[k])) for k in shared if task[k] == t] for t in tasks]
-    return {"examples": len(shared), "tasks": len(tasks), "replicated": sum(len(d) > 1 for d in shared.values()),
+    per_task = [[reduce(diffs[k]) for k in diffs if task[k] == t] for t in tasks]
+    return {"examples": len(diffs), "tasks": len(tasks), "replicated": sum(len(d) > 1 for d in diffs.values()),
             "per_run": [niah.macro_diff([[d for t2, d in r.values() if t2 == t] for t in tasks]) for r in runs],
             "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed),
             "per_task": by_task(tasks, per_task, resamples, seed)}

@@ -46,16 +46,22 @@ def test_replicates_pool_per_example_on_the_examples_every_run_answered(tmp_path
     assert "niah_single_1/2048/0" not in runs[0]
 
 
-def test_disjoint_runs_put_their_examples_together_each_counted_once(tmp_path):
+def _runs_sharing_one_example(tmp_path) -> list[dict]:
+    """Run a at 1K (single_1 -100, multikey_1 0), run b at 2K (single_1 -100 and 0) and on a's 1K
+    single_1 example (0): one example in both runs."""
     a, b = tmp_path / "a", tmp_path / "b"
     one_k = [("niah_single_1", 1024, 0), ("niah_multikey_1", 1024, 0)]
     two_k = [("niah_single_1", 2048, 0), ("niah_single_1", 2048, 1), ("niah_single_1", 1024, 0)]
     _answers(a, "fp8@256", dict.fromkeys(one_k, 100.0))
     _answers(b, "fp8@256", dict.fromkeys(two_k, 100.0))
-    _answers(a, "minima@256", {one_k[0]: 0.0, one_k[1]: 100.0})  # single_1 -100, multikey_1 0
-    # b: 2K single_1 -100 and 0; its 1K single_1 example is a's key: a's difference stands
+    _answers(a, "minima@256", {one_k[0]: 0.0, one_k[1]: 100.0})
     _answers(b, "minima@256", {two_k[0]: 0.0, two_k[1]: 100.0, two_k[2]: 100.0})
-    runs = [pooled_delta.paired(d, pooled_delta.niah.Run("minima", "256"), "fp8", None) for d in (a, b)]
+    return [pooled_delta.paired(d, pooled_delta.niah.Run("minima", "256"), "fp8", None) for d in (a, b)]
+
+
+def test_disjoint_runs_put_their_examples_together_each_counted_once(tmp_path):
+    # the 1K single_1 example both runs answered: a's difference stands
+    runs = _runs_sharing_one_example(tmp_path)
     assert pooled_delta.pooled(runs, resamples=100)["examples"] == 1  # as replicates: the one shared key
     r = pooled_delta.together(runs, resamples=500)
     assert r["examples"] == 4 and r["tasks"] == 2
@@ -69,14 +75,7 @@ def test_disjoint_runs_put_their_examples_together_each_counted_once(tmp_path):
 def test_mixed_runs_average_the_examples_they_share_and_add_the_others(tmp_path):
     # the disjoint test's runs: the 1K single_1 example both answered (a: -100, b: 0) is averaged (-50)
     # instead of taking a's alone
-    a, b = tmp_path / "a", tmp_path / "b"
-    one_k = [("niah_single_1", 1024, 0), ("niah_multikey_1", 1024, 0)]
-    two_k = [("niah_single_1", 2048, 0), ("niah_single_1", 2048, 1), ("niah_single_1", 1024, 0)]
-    _answers(a, "fp8@256", dict.fromkeys(one_k, 100.0))
-    _answers(b, "fp8@256", dict.fromkeys(two_k, 100.0))
-    _answers(a, "minima@256", {one_k[0]: 0.0, one_k[1]: 100.0})
-    _answers(b, "minima@256", {two_k[0]: 0.0, two_k[1]: 100.0, two_k[2]: 100.0})
-    runs = [pooled_delta.paired(d, pooled_delta.niah.Run("minima", "256"), "fp8", None) for d in (a, b)]
+    runs = _runs_sharing_one_example(tmp_path)
     r = pooled_delta.averaged(runs, resamples=500)
     assert (r["examples"], r["tasks"], r["replicated"]) == (4, 2, 1)
     # single_1: -50 (1K, both), -100 and 0 (2K, b) -> -50; multikey_1: 0 -> macro -25
