@@ -33,6 +33,8 @@ Arms (``--arms``):
                      it, so on CUDA pair it with minima-native.
   minima-v4          minima-default with ``--minima-value-bits 4`` (Stale values on a 16-level grid: 1 bit more
                      per value element); the torch path serves it, so on CUDA pair it with minima-native.
+  minima-default-eqbytes  minima-default in the FP8 arm's KV bytes (``--max-total-tokens`` scaled by FP8's
+                     bytes per token over Minima's), where every other arm gets the same logical tokens.
   minima-native      minima-default on the torch path (``--attention-backend minima_native``).
   minima             Minima (Recent 4 pages, 1 sink page) with 3-bit Stale keys (``--minima-key-bits 3``, the
                      launcher's default until 2026-12-03: every arm below but minima-k4 pins it, so that
@@ -100,6 +102,9 @@ class ArmSpec:
     name: str
     module: str
     flags: tuple[str, ...]
+    equal_bytes: bool = False
+    """Size the pool at the FP8 arm's KV bytes (more logical tokens: what a user gets in the same memory)
+    instead of every arm's same logical tokens, which gives Minima's hot pages a smaller pool."""
 
     @property
     def is_minima(self) -> bool:
@@ -159,6 +164,9 @@ ARMS: dict[str, ArmSpec] = {
                 ("--minima-fp8-page-fraction", "0.2", "--minima-strict-hot-admission")),
         # the defaults with page-centered keys (minima-k4-center below carries the pinned older policy)
         ArmSpec("minima-default-center", "sglang_minima.launch_server", ("--minima-key-center",)),
+        # the defaults in the FP8 arm's KV bytes: a hot quarter of 1.6x the pages, so no prompt wave
+        # converts sink or Recent pages under pressure, as none does in FP8's pool of the same bytes
+        ArmSpec("minima-default-eqbytes", "sglang_minima.launch_server", (), equal_bytes=True),
     )
 } | {
     a.name: _pinned(a)
@@ -210,9 +218,27 @@ class Run:
 # ---------------------------------------------------------------------------------- serving
 
 
+def pool_tokens(spec: ArmSpec, args: argparse.Namespace) -> int:
+    """The arm's ``--max-total-tokens``: ``--max-total-tokens`` itself, or for an ``equal_bytes`` arm the
+    tokens that the FP8 arm's pool of that many tokens holds at this arm's bytes per token (page-aligned,
+    rounded down: at most FP8's bytes)."""
+    if not spec.equal_bytes:
+        return args.max_total_tokens
+    from sglang_minima.codec.accounting import fp8_bytes
+    from sglang_minima.config import parse_minima_argv, split_minima_argv
+    from sglang_minima.mem_cache.tier_store import minima_cell_size
+
+    heads, dim = args.geometry
+    config = parse_minima_argv(split_minima_argv([*spec.flags, *shlex.split(args.server_args)])[0])
+    cell = minima_cell_size(config, num_kv_heads=heads, head_dim=dim, num_layers=1, page_size=args.page_size,
+                            model_dtype_bytes={"float32": 4, "float": 4}.get(args.dtype, 2))  # every layer alike
+    budget = int(args.max_total_tokens * fp8_bytes(heads, args.page_size, dim).per_token)
+    return budget // cell // args.page_size * args.page_size
+
+
 def server_flags(spec: ArmSpec, args: argparse.Namespace, chunk: str) -> list[str]:
     flags = ["--model-path", str(args.model_path), "--dtype", args.dtype, "--page-size", str(args.page_size),
-             "--max-total-tokens", str(args.max_total_tokens),
+             "--max-total-tokens", str(pool_tokens(spec, args)),
              "--max-running-requests", str(max(4, getattr(args, "concurrency", 1))), "--random-seed", "0"]
     if args.device == "cpu":
         flags += ["--device", "cpu", "--cuda-graph-backend-decode", "disabled",

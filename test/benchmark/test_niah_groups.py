@@ -104,6 +104,22 @@ def test_bytes_per_token_follows_the_codecs_page_accounting():
     assert niah.bytes_per_token(niah.ARMS["minima-k4-center"], 0, 7, geo, 64, "bfloat16") == 3 * (7 * 64 / 8 + 3 * 2 + 2)
 
 
+def test_an_equal_bytes_arm_gets_the_fp8_pools_bytes_in_tokens():
+    args = Namespace(model_path="m", dtype="bfloat16", page_size=64, max_total_tokens=69_632, concurrency=32,
+                     device="cuda", geometry=(3, 64), server_args="")
+
+    def tokens(arm: str, server_args: str = "") -> int:
+        flags = niah.server_flags(niah.ARMS[arm], Namespace(**{**vars(args), "server_args": server_args}), "default")
+        return int(flags[flags.index("--max-total-tokens") + 1])
+
+    assert tokens("fp8") == tokens("minima-default") == 69_632  # the same logical tokens
+    # per layer and token: FP8 384 bytes; the defaults 0.25 * 384 + 0.75 * (4-bit keys, 3-bit values:
+    # 3 * (7 * 64 / 8 + 3 * 2) = 186), 235.5, rounded up to 236: 69,632 * 384 / 236 = 113,301 -> 113,280
+    assert tokens("minima-default-eqbytes") == 113_280
+    # the arm's bytes per token follow --server-args (3-bit keys: 3 * (6 * 64 / 8 + 6) = 162 -> 217.5 -> 218)
+    assert tokens("minima-default-eqbytes", "--minima-key-bits 3") == 69_632 * 384 // 218 // 64 * 64
+
+
 def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tmp_path):
     import gzip
 
