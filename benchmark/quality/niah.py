@@ -33,8 +33,8 @@ Arms (``--arms``):
                      it, so on CUDA pair it with minima-native.
   minima-v4          minima-default with ``--minima-value-bits 4`` (Stale values on a 16-level grid: 1 bit more
                      per value element); the torch path serves it, so on CUDA pair it with minima-native.
-  minima-default-eqbytes  minima-default in the FP8 arm's KV bytes (``--max-total-tokens`` scaled by FP8's
-                     bytes per token over Minima's), where every other arm gets the same logical tokens.
+  <arm>-eqbytes      any arm that converts pages, in the FP8 arm's KV bytes (``--max-total-tokens`` scaled by
+                     FP8's bytes per token over the arm's), where every other arm gets the same logical tokens.
   minima-native      minima-default on the torch path (``--attention-backend minima_native``).
   minima             Minima (Recent 4 pages, 1 sink page) with 3-bit Stale keys (``--minima-key-bits 3``, the
                      launcher's default until 2026-12-03: every arm below but minima-k4 pins it, so that
@@ -164,9 +164,6 @@ ARMS: dict[str, ArmSpec] = {
                 ("--minima-fp8-page-fraction", "0.2", "--minima-strict-hot-admission")),
         # the defaults with page-centered keys (minima-k4-center below carries the pinned older policy)
         ArmSpec("minima-default-center", "sglang_minima.launch_server", ("--minima-key-center",)),
-        # the defaults in the FP8 arm's KV bytes: a hot quarter of 1.6x the pages, so no prompt wave
-        # converts sink or Recent pages under pressure, as none does in FP8's pool of the same bytes
-        ArmSpec("minima-default-eqbytes", "sglang_minima.launch_server", (), equal_bytes=True),
     )
 } | {
     a.name: _pinned(a)
@@ -202,6 +199,9 @@ ARMS: dict[str, ArmSpec] = {
                 ("--attention-backend", "minima_native", "--minima-disable-stale")),
     )
 }
+# every converting arm in the FP8 arm's KV bytes (<arm>-eqbytes): e.g. the defaults' hot quarter holds 1.6x the
+# pages it holds at FP8's logical tokens, as in a user's same memory
+ARMS |= {f"{a.name}-eqbytes": replace(a, name=f"{a.name}-eqbytes", equal_bytes=True) for a in ARMS.values() if a.converts}
 
 
 @dataclass(frozen=True)

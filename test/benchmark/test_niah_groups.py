@@ -118,6 +118,9 @@ def test_an_equal_bytes_arm_gets_the_fp8_pools_bytes_in_tokens():
     assert tokens("minima-default-eqbytes") == 113_280
     # the arm's bytes per token follow --server-args (3-bit keys: 3 * (6 * 64 / 8 + 6) = 162 -> 217.5 -> 218)
     assert tokens("minima-default-eqbytes", "--minima-key-bits 3") == 69_632 * 384 // 218 // 64 * 64
+    # a 20% FP8 share: 0.2 * 384 + 0.8 * 186 = 225.6 -> 226 bytes; the arm's own flags count
+    assert tokens("minima-fp8share20-eqbytes") == 69_632 * 384 // 226 // 64 * 64
+    assert "minima-nostale-eqbytes" not in niah.ARMS  # nothing converted: FP8's bytes per token already
 
 
 def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tmp_path):
@@ -177,8 +180,10 @@ def test_every_minima_arm_is_a_valid_minima_config():
         config = parse_minima_argv(minima_argv)
         if arm.name.startswith("minima-fp8share"):
             assert config.fp8_page_fraction == int(arm.name.removeprefix("minima-fp8share")[:2]) / 100
-        assert config.strict_hot_admission == arm.name.endswith("-strict")
-        assert config.key_center == arm.name.endswith("-center")
+        name = arm.name.removesuffix("-eqbytes")
+        assert arm.equal_bytes == (name != arm.name)
+        assert config.strict_hot_admission == name.endswith("-strict")
+        assert config.key_center == name.endswith("-center")
     # the defaults and page-centered keys, nothing else (minima-k4-center carries the pinned older policy)
     centered = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-center"].flags))[0])
     assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
