@@ -642,8 +642,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--max-total-tokens", type=int, default=None,
-                    help="KV pool tokens (default: room for --concurrency prompts of the longest length, "
-                         "so that no example waits for memory or is converted by memory pressure)")
+                    help="KV pool tokens of every arm (default: room for --concurrency prompts of the longest "
+                         "length, so that no example waits for memory); a Minima arm's hot pages are a share of "
+                         "them, which a wave of prompts can exhaust (then sink or Recent pages are converted "
+                         "under pressure): <arm>-eqbytes arms get FP8's bytes of this many tokens instead")
     ap.add_argument("--concurrency", type=int, default=1,
                     help="examples in flight at once (a group of one task and length)")
     ap.add_argument("--time-budget-s", type=float, default=None,
