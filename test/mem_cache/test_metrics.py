@@ -13,6 +13,7 @@ from sglang_minima.config import CONFIG_ENV, MinimaConfig
 from sglang_minima.mem_cache.allocator import MinimaPagedAllocator
 from sglang_minima.mem_cache.controller import LifecycleController
 from sglang_minima.mem_cache.kv_pool import MinimaKVPool
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3
 from sglang_minima.reporting.memory_report import memory_report
 from sglang_minima.reporting.metrics import get_minima_metrics
 from store_helpers import PS, make_store, random_kv, write_tokens
@@ -123,10 +124,10 @@ def test_lifecycle_ticks_reach_the_exported_text():
     assert _exported_labelled("sglang:minima_lifecycle_ticks_total", "deferred") == deferred + 3
 
 
-def _exported_labelled(name: str, outcome: str) -> float:
+def _exported_labelled(name: str, value: str, label: str = "outcome") -> float:
     text = generate_latest(REGISTRY).decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") and f'outcome="{outcome}"' in line)
+               if line.startswith(name + "{") and f'{label}="{value}"' in line)
 
 
 def test_pressure_conversions_reach_the_exported_text_by_tier():
@@ -156,3 +157,23 @@ def _exported_tier(name: str, tier: str) -> float:
     text = generate_latest(REGISTRY).decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name + "{") and f'tier="{tier}"' in line)
+
+
+def test_pages_a_full_tq3_pool_leaves_fp8_reach_the_exported_text():
+    """Retier asked for more pages than the TQ3 pool has free: those pages stay FP8 (the split, not the
+    policy, sets the mix), counted per ask -> sglang:minima_conversion_no_room_pages_total{direction}."""
+    store = make_store(num_logical=16, num_hot=12)  # 4 TQ3 pages
+    metrics = get_minima_metrics(LABELS)  # one per process: start from what earlier tests' stores reported
+    name = "sglang:minima_conversion_no_room_pages_total"
+    before = _exported_labelled(name, "retier", "direction")
+    store.stats.retier.no_room_pages = int(before)
+    pages = torch.arange(8)
+    store.map_new(pages)
+    slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
+    write_tokens(store, slots, *random_kv(slots.numel(), torch.Generator().manual_seed(0)))  # sealed: full pages
+    assert store.retier(pages) == 4
+    assert store.page_table.fmt[pages].tolist() == [FMT_TQ3] * 4 + [FMT_HOT] * 4
+    assert store.retier(pages) == 0  # asked again: counted again
+    assert store.stats.retier.no_room_pages == before + 8 and store.stats.retier.failed_pages == 0
+    metrics.update(memory_report(store), store.stats)
+    assert _exported_labelled(name, "retier", "direction") == before + 8

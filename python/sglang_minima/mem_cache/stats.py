@@ -19,6 +19,10 @@ class ConversionStats:
     pages: int = 0
     seconds: float = 0.0
     failed_pages: int = 0
+    no_room_pages: int = 0
+    """Pages a conversion was asked for that kept their format because the destination pool had no
+    free page (a page asked again at a later tick counts again). For retier: Stale pages held FP8
+    because the TQ3 pages are all taken, so the pool's split, not the policy, sets the mix."""
 
     def record(self, pages: int, seconds: float) -> None:
         self.batches += 1

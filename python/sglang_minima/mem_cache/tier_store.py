@@ -404,8 +404,10 @@ class TieredPageStore:
         """Copy before publish: retain the sources, allocate the destinations and launch their
         copy (every layer) on the conversion stream; ``_publish`` maps them once it is done. A
         failure to launch leaves every page where it was."""
+        asked = int(pages.numel())
         pages = pages[: dst_pool.num_free]
         n = int(pages.numel())
+        stats.no_room_pages += asked - n
         if n == 0:
             return 0
         start = time.perf_counter()

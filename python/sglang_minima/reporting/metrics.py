@@ -11,7 +11,9 @@ Counters fed with the increase since the last update. Names:
 - ``sglang:minima_peak_pages_held{format}``: the most physical pages of a format (hot/tq3) held at once
   since start, quarantined ones included: a workload's need against ``--minima-fp8-page-fraction``'s split
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
-  ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``
+  ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``,
+  ``sglang:minima_conversion_no_room_pages_total{direction}`` (asked for, left in their format: no free page
+  of the other format; retier > 0: Stale pages held FP8 by the split)
   (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total{tier}``
   (tier cached, stale, deferred, anchor, recent: what a page converted for want of a free hot page was)
 - ``sglang:minima_allocation_syncs_total``: device syncs an allocation waited on (no free hot page: the
@@ -97,6 +99,9 @@ class MinimaMetrics:
         self.conversion_pages = counter("conversion_pages", "Pages converted.", ("direction",))
         self.conversion_seconds = counter("conversion_seconds", "Time spent converting pages.", ("direction",))
         self.conversion_failed_pages = counter("conversion_failed_pages", "Pages whose conversion failed.", ("direction",))
+        self.conversion_no_room_pages = counter(
+            "conversion_no_room_pages", "Pages a conversion left in their format: no free destination page.", ("direction",)
+        )
         self.pressure_retier_pages = counter(
             "pressure_retier_pages", "Pages converted because no hot page was free, by what they were.", ("tier",)
         )
@@ -138,6 +143,7 @@ class MinimaMetrics:
             self._advance(self.conversion_pages, conv.pages, direction=direction)
             self._advance(self.conversion_seconds, conv.seconds, direction=direction)
             self._advance(self.conversion_failed_pages, conv.failed_pages, direction=direction)
+            self._advance(self.conversion_no_room_pages, conv.no_room_pages, direction=direction)
         for tier, pages in stats.pressure_retier_tiers.items():
             self._advance(self.pressure_retier_pages, pages, tier=tier)
         self._advance(self.allocation_syncs, stats.allocation_syncs)
