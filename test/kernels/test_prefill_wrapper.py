@@ -256,6 +256,34 @@ def test_tiles_hold_the_batchs_tq3_pages_in_request_order(prefill, tile_pages, t
     assert w._tile_wrappers == wrappers and [t.pages.tolist() for t in w._tq3_tiles] == [[2]]
 
 
+@pytest.mark.parametrize("tiles", ["default", "tile_decoder"])
+def test_a_shared_tq3_prefix_is_one_segment_over_its_requests_rows(prefill, tiles):
+    """Two consecutive requests reading the same TQ3 pages (a radix hit on a Stale prefix), given as
+    one segment over both requests' rows (forward_plan.split_extend): the pages are decoded into one
+    tile once, and each request's rows still attend what the torch reference attends."""
+    prefill, dev = prefill
+    if tiles == "tile_decoder" and dev.type == "cuda":
+        pytest.skip("on the device the default is the TileLang tile decoder")
+    g, layout, rot, cb, k8, v8, tq3 = _setup(7)
+    reqs = [dict(hot=[], new=list(range(121, 126)), tq3=[4, 1], tq3_at=0),
+            dict(hot=[], new=list(range(130, 133)), tq3=[4, 1], tq3_at=0)]
+    q = torch.randn(8, HQ, D, generator=g).to(torch.bfloat16)
+    new_slots = torch.tensor([s for r in reqs for s in r["new"]])
+    k_new = fp8_dequantize(k8[new_slots], K_SCALE).to(torch.bfloat16)
+    v_new = fp8_dequantize(v8[new_slots], V_SCALE).to(torch.bfloat16)
+    w = prefill.MinimaPrefillWrapper(_workspace(dev), HQ, H, D, PS, sm_scale=SM, tile_tokens=2 * PS)
+    if tiles == "tile_decoder":
+        w._dequant = _CodecTiles(layout, cb, rot)
+    w.plan(torch.tensor([0, 5, 8], dtype=torch.int32), torch.tensor([0, 0, 0], dtype=torch.int32),
+           torch.zeros(0, dtype=torch.int32, device=dev), None, (prefill.Tq3Segment(0, 8, torch.tensor([4, 1], device=dev)),))
+    if w._dequant is not None:
+        assert [((t.rows.start, t.rows.stop), t.pages.tolist(), t.mask) for t in w._tq3_tiles] == [((0, 8), [4, 1], None)]
+    hot = (_fp8(k8, dev).view(-1, 1, H, D), _fp8(v8, dev).view(-1, 1, H, D))
+    rot_dev = LayerRotation(H, D, layer_id=3, device=dev)
+    got = w.run(q.to(dev), k_new.to(dev), v_new.to(dev), hot, tq3.to(dev), layout, cb, rot_dev, k_scale=K_SCALE, v_scale=V_SCALE)
+    _check_against_the_torch_reference(got.cpu(), q, reqs, k8, v8, tq3, layout, cb, rot)
+
+
 def test_no_prefix_and_no_tq3_is_the_causal_part_alone(prefill):
     prefill, dev = prefill
     g, layout, rot, cb, k8, v8, tq3 = _setup(1)

@@ -22,7 +22,7 @@ one hot page, physical page 0 (padding), of ``min(kv_len, page_size)`` tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -169,16 +169,21 @@ def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int
     """``plan.plan_extend``'s split (new tokens, hot prefix, TQ3 pages) from the forward plan of an
     extend batch (``plan_forward`` with its extend lengths as ``q_lens``), with one host read for the
     whole batch: each request's TQ3 page count and its last TQ3 page, where the per-request planner
-    reads the device several times per request. ``q_lens`` / ``kv_lens`` are SGLang's host lists.
+    reads the device several times per request; consecutive requests reading the same TQ3 pages (a
+    shared prefix) share one ``Tq3Prefix`` over their rows, where ``plan_extend`` keeps one each.
+    ``q_lens`` / ``kv_lens`` are SGLang's host lists.
     ``tq3_possible=False`` (the caller knows no page is TQ3: the pool holds none) skips the read, so
     the split waits for nothing on the device. Raises ValueError where plan_extend does (a TQ3 page
     not wholly before its request's queries)."""
     p, batch, device = plan.page_size, plan.batch_size, plan.kv_lens.device
     if tq3_possible:
-        last = plan.tq3.page_index[(plan.tq3.indptr[1:] - 1).clamp(min=0).to(torch.int64)]
-        n_tq3, last_page = torch.stack([plan.tq3.counts, last]).cpu().tolist()  # the one host read
+        at = (plan.tq3.indptr[1:] - 1).clamp(min=0).to(torch.int64)
+        # the one host read: each request's TQ3 page count, its last TQ3 page's number and physical id
+        n_tq3, last_page, last_phys = torch.stack(
+            [plan.tq3.counts, plan.tq3.page_index[at], plan.tq3.pages[at]]
+        ).cpu().tolist()
     else:
-        n_tq3 = last_page = [0] * batch
+        n_tq3 = last_page = last_phys = [0] * batch
     prefix_lens = []
     for n, page, kv_len, q_len in zip(n_tq3, last_page, kv_lens, q_lens):
         if n:
@@ -205,13 +210,19 @@ def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int
 
     qo_indptr = host_indptr(q_lens)
     q_starts, tq3_starts = qo_indptr.tolist(), host_indptr(n_tq3).tolist()
-    tq3 = tuple(
-        Tq3Prefix(q_starts[i], int(q_lens[i]), plan.tq3.pages[tq3_starts[i] : tq3_starts[i + 1]].to(torch.int64))
-        for i in range(batch)
-        if n_tq3[i]
-    )
+    # Consecutive requests whose last TQ3 page is the same physical page read the same TQ3 pages (a
+    # page holds fixed positions of one radix prefix, so the pages before it are shared too, in the
+    # same formats): one prefix over their query rows, whose tile the prefill decodes once.
+    tq3: list[Tq3Prefix] = []
+    for i in range(batch):
+        if not n_tq3[i]:
+            continue
+        if i and n_tq3[i - 1] and (n_tq3[i - 1], last_phys[i - 1]) == (n_tq3[i], last_phys[i]):
+            tq3[-1] = replace(tq3[-1], q_len=tq3[-1].q_len + int(q_lens[i]))
+            continue
+        tq3.append(Tq3Prefix(q_starts[i], int(q_lens[i]), plan.tq3.pages[tq3_starts[i] : tq3_starts[i + 1]].to(torch.int64)))
     return ExtendPlan(
         qo_indptr=qo_indptr, prefix_indptr=prefix_indptr, prefix_slots=slots[:total],
-        prefix_rows=prefix_row_mask(prefix_lens, q_lens, device), tq3=tq3,
+        prefix_rows=prefix_row_mask(prefix_lens, q_lens, device), tq3=tuple(tq3),
     )
 

@@ -198,7 +198,8 @@ def plan_batch(
 
 @dataclass(frozen=True)
 class Tq3Prefix:
-    """One request's TQ3 pages and the query rows that attend them (all of its queries)."""
+    """One request's TQ3 pages and the query rows that attend them (all of its queries), or those of
+    consecutive requests that read the same TQ3 pages (a shared prefix: ``forward_plan.split_extend``)."""
 
     q_start: int
     q_len: int
@@ -226,7 +227,8 @@ class ExtendPlan:
     prefix_rows: torch.Tensor | None
     """bool [T] on the device: the query rows whose request has a hot prefix; None when all do."""
     tq3: tuple[Tq3Prefix, ...]
-    """The requests that read TQ3 pages, in batch order."""
+    """The requests that read TQ3 pages, in batch order (``split_extend``: consecutive ones reading the
+    same pages as one)."""
 
     @property
     def num_prefix_tokens(self) -> int:
