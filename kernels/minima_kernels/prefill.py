@@ -65,7 +65,8 @@ def fused_merge_fits(num_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
 
 @dataclass(frozen=True)
 class Tq3Segment:
-    """One request's TQ3 pages and the query rows that attend them."""
+    """TQ3 pages and the query rows that attend them all: one request's, or consecutive requests'
+    that read the same pages (a shared prefix, decoded once)."""
 
     q_start: int
     q_len: int

@@ -206,13 +206,36 @@ def test_the_device_split_equals_the_per_request_one(shapes, shared, overlap):
     if want.prefix_rows is not None:
         assert torch.equal(got.prefix_rows, want.prefix_rows)
     # the per-request prefixes, consecutive ones with the same pages (a radix hit's) read as one
-    shared = []
+    merged = []
     for t in want.tq3:
-        last = shared[-1] if shared else None
+        last = merged[-1] if merged else None
         if last and last.q_start + last.q_len == t.q_start and torch.equal(last.pages, t.pages):
-            shared[-1] = dataclasses.replace(last, q_len=last.q_len + t.q_len)
+            merged[-1] = dataclasses.replace(last, q_len=last.q_len + t.q_len)
         else:
-            shared.append(t)
-    assert [(t.q_start, t.q_len) for t in got.tq3] == [(t.q_start, t.q_len) for t in shared]
-    for a, b in zip(got.tq3, shared):
+            merged.append(t)
+    assert [(t.q_start, t.q_len) for t in got.tq3] == [(t.q_start, t.q_len) for t in merged]
+    for a, b in zip(got.tq3, merged):
         assert a.pages.dtype == b.pages.dtype == torch.int64 and torch.equal(a.pages, b.pages)
+
+
+def test_neighbours_reading_one_tq3_prefix_share_its_segment():
+    """Rows 1-2 and 4 hit row 1's two TQ3 pages (a radix prefix: logical pages 1 and 2), row 3 has
+    its own: rows 1-2 share one segment over their queries; row 4, after row 3, gets its own again."""
+    fmt = torch.zeros(16, dtype=torch.int8)
+    phys = torch.zeros(16, dtype=torch.int32)
+    fmt[[1, 2, 9]] = FMT_TQ3
+    phys[[1, 2, 9]] = torch.tensor([7, 3, 5], dtype=torch.int32)
+    pages = {1: [1, 2, 4], 2: [1, 2, 5], 3: [9, 6], 4: [1, 2, 8]}  # logical pages in position order
+    q_lens, kv_lens = [5, 3, 4, 2], [2 * PS + 5, 2 * PS + 3, PS + 4, 2 * PS + 2]
+    req_to_token = torch.zeros(5, N_PAGES * PS, dtype=torch.int32)
+    for row, lps in pages.items():
+        for k, lp in enumerate(lps):
+            n = min(PS, kv_lens[row - 1] - k * PS)
+            req_to_token[row, k * PS : k * PS + n] = torch.arange(lp * PS, lp * PS + n)
+    rows = [1, 2, 3, 4]
+    plan = plan_forward(req_to_token, torch.tensor(rows), torch.tensor(kv_lens), torch.tensor(q_lens), fmt, phys, PS,
+                        N_PAGES)
+    got = split_extend(plan, q_lens, kv_lens)
+    assert [(t.q_start, t.q_len, t.pages.tolist()) for t in got.tq3] == [(0, 8, [7, 3]), (8, 4, [5]), (12, 2, [7, 3])]
+    want = plan_extend(plan_batch(req_to_token, rows, kv_lens, q_lens, fmt, phys, PS), PS)
+    assert [(t.q_start, t.q_len) for t in want.tq3] == [(0, 5), (5, 3), (8, 4), (12, 2)]  # the reference keeps one each

@@ -137,7 +137,7 @@ def test_pressure_conversions_reach_the_exported_text_by_tier():
     ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1))
     metrics = get_minima_metrics(LABELS)  # one per process: start from what earlier tests' stores reported
     name = "sglang:minima_pressure_retier_pages_total"
-    before = {t: _exported_tier(name, t) for t in store.stats.pressure_retier_tiers}
+    before = {t: _exported_labelled(name, t, "tier") for t in store.stats.pressure_retier_tiers}
     for tier, n in before.items():
         store.stats.pressure_retier_tiers[tier] = int(n)
     cached = torch.tensor([1])
@@ -149,14 +149,8 @@ def test_pressure_conversions_reach_the_exported_text_by_tier():
     store.page_table.tier.copy_(ctl.classify([seq]))  # the tiers, without the tick's conversions
     assert ctl.reserve_hot(3)  # the Stale page 3, the cached page, then the sink (an Anchor)
     metrics.update(memory_report(store), store.stats)
-    gained = {t: _exported_tier(name, t) - before[t] for t in before}
+    gained = {t: _exported_labelled(name, t, "tier") - before[t] for t in before}
     assert gained == {"stale": 1, "cached": 1, "deferred": 0, "anchor": 1, "recent": 0}
-
-
-def _exported_tier(name: str, tier: str) -> float:
-    text = generate_latest(REGISTRY).decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") and f'tier="{tier}"' in line)
 
 
 def test_pages_a_full_tq3_pool_leaves_fp8_reach_the_exported_text():
@@ -167,7 +161,7 @@ def test_pages_a_full_tq3_pool_leaves_fp8_reach_the_exported_text():
     name = "sglang:minima_conversion_no_room_pages_total"
     before = _exported_labelled(name, "retier", "direction")
     store.stats.retier.no_room_pages = int(before)
-    pages = torch.arange(8)
+    pages = torch.arange(1, 9)  # (logical page 0 is SGLang's padding)
     store.map_new(pages)
     slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
     write_tokens(store, slots, *random_kv(slots.numel(), torch.Generator().manual_seed(0)))  # sealed: full pages

@@ -21,8 +21,9 @@ class ConversionStats:
     failed_pages: int = 0
     no_room_pages: int = 0
     """Pages a conversion was asked for that kept their format because the destination pool had no
-    free page (a page asked again at a later tick counts again). For retier: Stale pages held FP8
-    because the TQ3 pages are all taken, so the pool's split, not the policy, sets the mix."""
+    free page, counted per ask (by the tick or the pressure path; a page asked again counts again):
+    a rate, not a number of pages. For retier: the TQ3 pages are all taken, so Stale pages stay FP8
+    and the pool's split, not the policy, sets the mix."""
 
     def record(self, pages: int, seconds: float) -> None:
         self.batches += 1

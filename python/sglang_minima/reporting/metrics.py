@@ -12,8 +12,8 @@ Counters fed with the increase since the last update. Names:
   since start, quarantined ones included: a workload's need against ``--minima-fp8-page-fraction``'s split
 - ``sglang:minima_conversions_total{direction}``, ``sglang:minima_conversion_pages_total{direction}``,
   ``sglang:minima_conversion_seconds_total{direction}``, ``sglang:minima_conversion_failed_pages_total{direction}``,
-  ``sglang:minima_conversion_no_room_pages_total{direction}`` (asked for, left in their format: no free page
-  of the other format; retier > 0: Stale pages held FP8 by the split)
+  ``sglang:minima_conversion_no_room_pages_total{direction}`` (pages asked for and left in their format, no
+  free page of the other format, counted per ask: retier rising means the TQ3 side of the split binds)
   (direction retier = hot -> TQ3, promote = TQ3 -> hot), ``sglang:minima_pressure_retier_pages_total{tier}``
   (tier cached, stale, deferred, anchor, recent: what a page converted for want of a free hot page was)
 - ``sglang:minima_allocation_syncs_total``: device syncs an allocation waited on (no free hot page: the

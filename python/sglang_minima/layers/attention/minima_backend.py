@@ -7,8 +7,9 @@ and TQ3 pages, merged by LSE in the kernels' epilogue. Extend, chunked prefill a
 ``minima_kernels.MinimaPrefillWrapper`` over a split of each request's keys (``plan.ExtendPlan``):
 FlashInfer over the new tokens (causal) and the FP8 hot prefix, the TQ3 prefix in bounded tiles, one
 LSE merge. The split is made from the forward plan (``forward_plan.split_extend``, equal to the
-per-request ``plan.plan_extend``: one host read per step, the batch's TQ3 page counts, none while
-the pool holds no TQ3 page) and the
+per-request ``plan.plan_extend`` but that neighbours reading the same TQ3 pages share one segment:
+one host read per step, each request's TQ3 page count and last TQ3 page, none while the pool holds
+no TQ3 page) and the
 step's routes are counted on the device; a batch the split refuses takes the torch path and counts
 as a fallback.
 
