@@ -261,8 +261,10 @@ def minima_stats(url: str) -> dict[str, int] | None:
     # the pages converted for want of a free hot page, by what they were (a sink or Recent page
     # converted under pressure is the policy's FP8 page given up: the pool, not the policy, decided)
     tiers = {f"pressure_{tier}_pages": int(n) for tier, n in stats.get("pressure_retier_tiers", {}).items()}
+    # conversions that found the TQ3 pool full: Stale pages read as FP8 (servers since 2026-12-06)
+    no_room = {"retier_no_room_pages": int(stats["retier"]["no_room_pages"])} if "no_room_pages" in stats["retier"] else {}
     return {k: int(stats[k]) for k in ROUTE_KEYS} | {"retier_pages": int(stats["retier"]["pages"]),
-                                                    "pressure_retier_pages": int(stats["pressure_retier_pages"])} | tiers
+                                                    "pressure_retier_pages": int(stats["pressure_retier_pages"])} | tiers | no_room
 
 
 def stats_delta(prev: dict[str, int] | None, cur: dict[str, int] | None) -> dict[str, int] | None:
@@ -478,14 +480,19 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
 
 
 def pressure_pages(groups) -> dict[str, int | None]:
-    """Pages a run's server converted for want of a free hot page, and how many of them were sinks or
-    Recent pages (the policy's FP8 pages given up to memory: the pool, not the policy, decided what
-    those examples read); None where its records predate the counters or it is not a Minima server."""
+    """Pages a run's server converted for want of a free hot page, how many of them were sinks or
+    Recent pages (the policy's FP8 pages given up to memory), and the conversions it left undone for
+    want of a free TQ3 page (Stale pages read as FP8): either way the pool, not the policy, decided what
+    those examples read. None where its records predate the counters or it is not a Minima server."""
     groups = list(groups)
     total = [g["pressure_retier_pages"] for g in groups if "pressure_retier_pages" in g]
     kept = [g["pressure_anchor_pages"] + g["pressure_recent_pages"] for g in groups if "pressure_anchor_pages" in g]
-    return {"pressure_pages": sum(total) if groups and len(total) == len(groups) else None,
-            "pressure_kept_pages": sum(kept) if groups and len(kept) == len(groups) else None}
+    no_room = [g["retier_no_room_pages"] for g in groups if "retier_no_room_pages" in g]
+
+    def every(counts: list[int]) -> int | None:  # a total only where every group was counted
+        return sum(counts) if groups and len(counts) == len(groups) else None
+
+    return {"pressure_pages": every(total), "pressure_kept_pages": every(kept), "no_room_pages": every(no_room)}
 
 
 def macro_diff(per_cell: list[list[float]]) -> float | None:
@@ -545,6 +552,9 @@ def markdown(result: dict, args: argparse.Namespace) -> str:
                      f"{fmt_diff(m['diff_vs_ref'], m['diff_ci95']) if not label.startswith(ref + '@') else '-'} | "
                      f"{m['cells_without_tq3']} | {'-' if bpt is None else f'{bpt:.0f}'} | "
                      f"{'-' if pressure is None else pressure}{'' if kept is None else f' ({kept})'} |")
+    lines += [f"- {label}: {m['no_room_pages']} conversions found the TQ3 pool full: Stale pages were read as FP8 "
+              "(the pool's split, not the tier policy; `<arm>-eqbytes` sizes the pool in FP8's bytes)"
+              for label, m in result["macro"].items() if m.get("no_room_pages")]
     lengths = sorted({n for by in result["macro_by_length"].values() for n in by})
     lines += ["", f"#### Macro Δ vs {ref} by length (mean over the tasks of one length; * = no TQ3 read in some cell)", "",
               "| run | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]

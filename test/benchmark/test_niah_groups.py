@@ -90,6 +90,21 @@ def test_the_macro_says_what_memory_pressure_converted(tmp_path):
     assert next(line for line in md if line.startswith("| fp8@default |")).endswith("| - |")
 
 
+def test_a_run_whose_tq3_pool_was_full_says_so(tmp_path):
+    routes = {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 1920, "route_tq3_tokens": 640,
+              "retier_pages": 3, "pressure_retier_pages": 0}
+    _answers(tmp_path, "fp8@default", [_row(i, 100.0, None, "g", 2) for i in range(2)])
+    _answers(tmp_path, "minima@default", [_row(i, 100.0, routes | {"retier_no_room_pages": 12}, "g", 2) for i in range(2)])
+    _answers(tmp_path, "minima-k4@default", [_row(i, 100.0, routes, "g", 2) for i in range(2)])  # an older server
+    args = Namespace(out=tmp_path, reference="fp8", arms=["fp8", "minima", "minima-k4"], chunked_prefill_sizes=["default"],
+                     bootstrap=200, seed=0, geometry=(3, 64), page_size=64, dtype="bfloat16")
+    result = niah.report([niah.Run(a, "default") for a in args.arms], [_ex("niah_single_1", 1024, i) for i in range(2)], args)
+    assert result["macro"]["minima@default"]["no_room_pages"] == 12  # the group's count, once
+    assert result["macro"]["minima-k4@default"]["no_room_pages"] is None
+    md = niah.markdown(result, args)
+    assert "- minima@default: 12 conversions found the TQ3 pool full" in md and "- minima-k4@default:" not in md
+
+
 def test_bytes_per_token_follows_the_codecs_page_accounting():
     geo = (3, 64)  # SmolLM2-135M: 3 KV heads of 64 dims; per layer, K and V
     assert niah.bytes_per_token(niah.ARMS["bf16"], 0, 0, geo, 64, "bfloat16") == 768
