@@ -110,14 +110,18 @@ class ArmSpec:
     def is_minima(self) -> bool:
         return self.module == "sglang_minima.launch_server"
 
-    def tq3_layout(self, heads: int, page_size: int, dim: int, extra_flags: Sequence[str] = ()):
-        """The TQ3 page layout this arm's server runs (code widths, page-centered keys, value code), ``extra_flags``
-        (``--server-args``) after its own as the launcher reads them (the last value of a flag wins)."""
+    def config(self, extra_flags: Sequence[str] = ()):
+        """The MinimaConfig this arm's server runs, ``extra_flags`` (``--server-args``) after its own as the
+        launcher reads them (the last value of a flag wins)."""
         from sglang_minima.config import parse_minima_argv, split_minima_argv
+
+        return parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0])
+
+    def tq3_layout(self, heads: int, page_size: int, dim: int, extra_flags: Sequence[str] = ()):
+        """The TQ3 page layout this arm's server runs (code widths, page-centered keys, value code)."""
         from sglang_minima.mem_cache.tier_store import config_layout
 
-        config = parse_minima_argv(split_minima_argv([*self.flags, *extra_flags])[0])
-        return config_layout(config, heads, page_size, dim)
+        return config_layout(self.config(extra_flags), heads, page_size, dim)
 
     @property
     def converts(self) -> bool:
@@ -218,6 +222,11 @@ class Run:
 # ---------------------------------------------------------------------------------- serving
 
 
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of an element of ``--dtype`` (the model dtype SGLang keeps BF16 KV in)."""
+    return {"float32": 4, "float": 4}.get(dtype, 2)
+
+
 def pool_tokens(spec: ArmSpec, args: argparse.Namespace) -> int:
     """The arm's ``--max-total-tokens``: ``--max-total-tokens`` itself, or for an ``equal_bytes`` arm the
     tokens that the FP8 arm's pool of that many tokens holds at this arm's bytes per token (page-aligned,
@@ -225,13 +234,12 @@ def pool_tokens(spec: ArmSpec, args: argparse.Namespace) -> int:
     if not spec.equal_bytes:
         return args.max_total_tokens
     from sglang_minima.codec.accounting import fp8_bytes
-    from sglang_minima.config import parse_minima_argv, split_minima_argv
     from sglang_minima.mem_cache.tier_store import minima_cell_size
 
     heads, dim = args.geometry
-    config = parse_minima_argv(split_minima_argv([*spec.flags, *shlex.split(args.server_args)])[0])
-    cell = minima_cell_size(config, num_kv_heads=heads, head_dim=dim, num_layers=1, page_size=args.page_size,
-                            model_dtype_bytes={"float32": 4, "float": 4}.get(args.dtype, 2))  # every layer alike
+    # one layer's bytes: every layer of the model keeps the same KV
+    cell = minima_cell_size(spec.config(shlex.split(args.server_args)), num_kv_heads=heads, head_dim=dim,
+                            num_layers=1, page_size=args.page_size, model_dtype_bytes=dtype_bytes(args.dtype))
     budget = int(args.max_total_tokens * fp8_bytes(heads, args.page_size, dim).per_token)
     return budget // cell // args.page_size * args.page_size
 
@@ -392,7 +400,7 @@ def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: t
     heads, dim = geometry
     fp8 = fp8_bytes(heads, page_size, dim).per_token
     if not spec.is_minima:
-        return fp8 if "fp8_e4m3" in spec.flags else fp8 * {"float32": 4, "float": 4}.get(dtype, 2)
+        return fp8 if "fp8_e4m3" in spec.flags else fp8 * dtype_bytes(dtype)
     if hot_tokens + tq3_tokens == 0:
         return None if spec.converts else fp8
     tq3 = tq3_bytes(spec.tq3_layout(heads, page_size, dim, extra_flags)).per_token
@@ -552,9 +560,10 @@ def markdown(result: dict, args: argparse.Namespace) -> str:
                      f"{fmt_diff(m['diff_vs_ref'], m['diff_ci95']) if not label.startswith(ref + '@') else '-'} | "
                      f"{m['cells_without_tq3']} | {'-' if bpt is None else f'{bpt:.0f}'} | "
                      f"{'-' if pressure is None else pressure}{'' if kept is None else f' ({kept})'} |")
-    lines += [f"- {label}: {m['no_room_pages']} conversions found the TQ3 pool full: Stale pages were read as FP8 "
-              "(the pool's split, not the tier policy; `<arm>-eqbytes` sizes the pool in FP8's bytes)"
-              for label, m in result["macro"].items() if m.get("no_room_pages")]
+    full = [f"- {label}: {m['no_room_pages']} conversions found the TQ3 pool full: Stale pages were read as FP8 "
+            "(the pool's split, not the tier policy; `<arm>-eqbytes` sizes the pool in FP8's bytes)"
+            for label, m in result["macro"].items() if m.get("no_room_pages")]
+    lines += [""] + full if full else []
     lengths = sorted({n for by in result["macro_by_length"].values() for n in by})
     lines += ["", f"#### Macro Δ vs {ref} by length (mean over the tasks of one length; * = no TQ3 read in some cell)", "",
               "| run | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]

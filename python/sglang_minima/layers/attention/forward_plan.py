@@ -217,7 +217,7 @@ def split_extend(plan: ForwardPlan, q_lens: Sequence[int], kv_lens: Sequence[int
     for i in range(batch):
         if not n_tq3[i]:
             continue
-        if i and n_tq3[i - 1] and (n_tq3[i - 1], last_phys[i - 1]) == (n_tq3[i], last_phys[i]):
+        if i and (n_tq3[i - 1], last_phys[i - 1]) == (n_tq3[i], last_phys[i]):
             tq3[-1] = replace(tq3[-1], q_len=tq3[-1].q_len + int(q_lens[i]))
             continue
         tq3.append(Tq3Prefix(q_starts[i], int(q_lens[i]), plan.tq3.pages[tq3_starts[i] : tq3_starts[i + 1]].to(torch.int64)))
