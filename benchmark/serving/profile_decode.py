@@ -81,9 +81,12 @@ def _decode_load(url: str, args, stop: threading.Event) -> None:
 
 def load_tokens(batch: int, input_len: int, output_len: int, page_size: int) -> int:
     """KV tokens ``batch`` requests of ``input_len + output_len`` tokens hold at their longest, each
-    rounded up to whole pages: the pool every arm gets (without it the e2e servers' 32,768-token
-    default on CUDA held 5 of 26 Llama-class requests at 4K, 2026-12-06)."""
-    return batch * -(-(input_len + output_len) // page_size) * page_size
+    rounded up to whole pages, and one request more: the pool every arm gets (without it the e2e
+    servers' 32,768-token default on CUDA held 5 of 26 Llama-class requests at 4K, 2026-12-06). The
+    spare request is SGLang's admission headroom: in a pool of exactly 26 such requests its prefill
+    admission, which reserves the running requests' remaining output tokens, kept the 26th queued
+    behind 25 (token usage 0.96), so no decode line ever showed the whole batch (2026-12-06, 17:04)."""
+    return (batch + 1) * -(-(input_len + output_len) // page_size) * page_size
 
 
 def server_flags(args, model_dir: Path, model_flags: list[str]) -> list[str]:
