@@ -143,6 +143,10 @@ def render(results: list[dict], args) -> str:
         rows = r.get("decode_rows")  # None: a prefill profile, or a result from saved traces
         lines.append(f"| {r['arm']} | {'-' if rows is None else rows} | {r['wall_ms_per_step']} | {r['gpu_ms_per_step']} | "
                      + " | ".join(f"{s[k]:.3f}" for k in SCOPES) + " |")
+    if args.output_len > 1:  # a decode profile: say so where the window caught extend steps
+        lines += [f"\n**{r['arm']}: not a decode profile.** Its window launched FlashInfer's ragged prefill "
+                  f"{r['ragged_prefill_launches']} times: it holds extend steps (a wave's prefill)."
+                  for r in results if r.get("ragged_prefill_launches")]
     logged = [r for r in results if r.get("log_throughput")]
     if logged:
         lines += ["", "Unprofiled, from each server's log before its profile (full batches, first "

@@ -14,7 +14,10 @@ SCOPES = ("minima.plan", "minima.kernel_plan", "minima.decode_kernels", "minima.
 def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
     """Totals per step from a Chrome trace: Minima's scopes, host ops (``cpu_op``), CUDA runtime and
     driver calls (a launch's cost, or a sync's wait), GPU kernels and the wall time of the profiled
-    window (its first to last host event)."""
+    window (its first to last host event); and the launches of FlashInfer's ragged prefill, which
+    only an extend step runs (SGLang's flashinfer and Minima attend the new tokens with it; their
+    decodes read paged KV): a decode profile whose window holds any caught prefill steps."""
+    ragged = 0
     scopes: dict[str, float] = defaultdict(float)
     host: dict[str, float] = defaultdict(float)
     gpu: dict[str, float] = defaultdict(float)
@@ -27,6 +30,7 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         name, cat, dur = ev.get("name", ""), ev.get("cat", ""), float(ev["dur"])
         if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             gpu[name] += dur
+            ragged += "Ragged" in name  # BatchPrefillWithRaggedKVCacheKernel, or the SM90 one's RaggedParams
             continue
         if cat == "gpu_user_annotation":  # a scope's span on the GPU timeline: not host time
             gpu_spans[name] += dur
@@ -52,4 +56,5 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
         "top_host_ops_ms_per_step": per_step(host),
         "top_gpu_kernels_ms_per_step": per_step(gpu),
         "top_runtime_calls_ms_per_step": per_step(runtime),
+        "ragged_prefill_launches": ragged,
     }

@@ -32,6 +32,19 @@ def test_a_scope_counts_its_host_span_not_its_gpu_span():
     assert s["gpu_ms_per_step"] == 0.2
     assert s["top_host_ops_ms_per_step"] == {"aten::add": 0.025}
     assert s["top_runtime_calls_ms_per_step"] == {"cudaStreamSynchronize": 0.15}
+    assert s["ragged_prefill_launches"] == 0  # no extend step in this window
+
+
+def test_ragged_prefill_launches_mark_an_extend_step_in_the_window():
+    # SGLang's flashinfer and Minima attend an extend's new tokens with FlashInfer's ragged prefill
+    # (the SM90 kernel names its RaggedParams, the older one is BatchPrefillWithRagged...); decodes
+    # read paged KV (BatchPrefillWithPagedKVCacheKernel is the tensor-core decode)
+    trace = {"traceEvents": [
+        _ev("BatchPrefillWithPagedKVCacheKernel<...>", "kernel", 0, 10),
+        _ev("flashinfer::PrefillWithKVCacheKernel<flashinfer::CollectiveMainloop<RaggedParams::A>>", "kernel", 20, 10),
+        _ev("BatchPrefillWithRaggedKVCacheKernel<...>", "kernel", 40, 10),
+    ]}
+    assert summarize_trace(trace, steps=1)["ragged_prefill_launches"] == 2
 
 
 def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
@@ -42,10 +55,12 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     import subprocess
 
     trace = {"traceEvents": [_ev("minima.kv_write", "user_annotation", 0, 4000), _ev("k", "kernel", 10, 1000)]}
-    for arm in ("sglang-fp8-eager", "minima"):
+    # Minima's window also caught an extend step: FlashInfer's ragged prefill (no time, so the figures stay)
+    extend = _ev("flashinfer::PrefillWithKVCacheKernel<flashinfer::CollectiveMainloop<RaggedParams>>", "kernel", 20, 0)
+    for arm, events in (("sglang-fp8-eager", []), ("minima", [extend])):
         (tmp_path / f"{arm}-trace").mkdir()
         with gzip.open(tmp_path / f"{arm}-trace" / f"{arm}-TP-0.trace.json.gz", "wt") as f:
-            json.dump(trace, f)
+            json.dump({"traceEvents": trace["traceEvents"] + events}, f)
     (tmp_path / "minima-fp8-trace").mkdir()  # an arm whose trace was never written
     # the servers' logs beside the traces: the logged throughput comes with the summary
     (tmp_path / "minima.log").write_text(scheduler_log([1000.0] * 5 + [2000.0, 3000.0, 4000.0]))
@@ -65,6 +80,8 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     assert "| minima | - | 2.0 | 0.5 |" in md  # requests decoding: not known from saved traces
     assert out["results"][1]["log_throughput"]["prefill"]["median"] == 3000.0
     assert "| minima | 3 x 256 | 3,000 [2,000-4,000] | 0.50 | - | - | - |" in md  # against the first arm's 6,000
+    assert "**minima: not a decode profile.** Its window launched FlashInfer's ragged prefill 1 times" in md
+    assert "sglang-fp8-eager: not a decode profile" not in md
     failed = run("minima-fp8", "q.json")
     assert failed.returncode != 0 and "no complete trace" in failed.stderr
 
