@@ -686,6 +686,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lengths = [int(x) for x in args.lengths.split(",")]
     if args.concurrency < 1:
         ap.error(f"--concurrency: {args.concurrency} (at least 1)")
+    if any(a.split("=", 1)[0] == "--max-total-tokens" for a in shlex.split(args.server_args)):
+        # it would come last on every server's command line: the same pool for every arm, eqbytes' too
+        ap.error("--server-args: --max-total-tokens sizes every arm's pool alike (an <arm>-eqbytes arm's too); "
+                 "give it as niah.py's own --max-total-tokens")
     if args.max_total_tokens is None:
         args.max_total_tokens = max(32768, args.concurrency * (max(args.lengths) + 2 * args.page_size))
     args.deadline = time.time() + args.time_budget_s if args.time_budget_s else float("inf")

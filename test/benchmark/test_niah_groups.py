@@ -138,6 +138,19 @@ def test_an_equal_bytes_arm_gets_the_fp8_pools_bytes_in_tokens():
     assert "minima-nostale-eqbytes" not in niah.ARMS  # nothing converted: FP8's bytes per token already
 
 
+def test_a_pool_size_among_the_servers_flags_is_refused_naming_the_flag(capsys, tmp_path):
+    # it would come last on every server's command line and size every arm alike, eqbytes arms too
+    import pytest
+
+    for given in ("--max-total-tokens 4096", "--mem-fraction-static 0.5 --max-total-tokens=4096"):
+        with pytest.raises(SystemExit):
+            niah.parse_args([f"--server-args={given}", "--arms", "fp8,minima-default-eqbytes", "--device", "cuda",
+                             "--out", str(tmp_path)])
+        assert "--server-args: --max-total-tokens sizes every arm's pool alike" in capsys.readouterr().err
+    kept = niah.parse_args(["--server-args=--mem-fraction-static 0.5", "--device", "cuda", "--out", str(tmp_path)])
+    assert kept.server_args == "--mem-fraction-static 0.5" and kept.max_total_tokens > 0
+
+
 def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tmp_path):
     import gzip
 
