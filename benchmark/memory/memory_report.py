@@ -8,7 +8,7 @@ Two sources:
              cache; a report is taken after every step.
   --url URL  one report read from a running server's /server_info (its ``minima`` section).
 
-Every report must satisfy: sum of the rows (recent, anchor, hot_other, stale, held, free, padding)
+Every report must satisfy: sum of the rows (recent, anchor, stale_hot, hot_other, stale, held, free, padding)
 == bytes the store's buffers occupy == sum(pool.get_kv_size_bytes()); the script exits non-zero
 otherwise.
 
@@ -30,7 +30,7 @@ setup_cpu_engine()
 
 import torch  # noqa: E402
 
-ROWS = ("recent", "anchor", "hot_other", "stale", "held_hot", "held_tq3", "free_hot", "free_tq3", "padding")
+ROWS = ("recent", "anchor", "stale_hot", "hot_other", "stale", "held_hot", "held_tq3", "free_hot", "free_tq3", "padding")
 GEOMETRY = dict(num_layers=30, num_kv_heads=3, head_dim=64)  # SmolLM2-135M
 
 

@@ -153,6 +153,28 @@ def test_pressure_conversions_reach_the_exported_text_by_tier():
     assert gained == {"stale": 1, "cached": 1, "deferred": 0, "anchor": 1, "recent": 0}
 
 
+def test_stale_pages_a_full_tq3_pool_leaves_fp8_are_their_own_row():
+    """A live request's pages the tick labels Stale but cannot convert (4 TQ3 pages for 6) stay FP8:
+    the report counts them as stale_hot (not among the cached hot pages), the converted ones as stale."""
+    store = make_store(num_logical=16, num_hot=12)  # 4 TQ3 pages
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1))
+    pages = torch.arange(1, 9)  # a sink, six Stale pages, a Recent one
+    store.map_new(pages)
+    slots = (pages[:, None] * PS + torch.arange(PS)).flatten()
+    write_tokens(store, slots, *random_kv(slots.numel(), torch.Generator().manual_seed(0)))
+    ctl.tick([pages])
+    rows = memory_report(store).rows()
+    # the sink is labelled Anchor; nothing is cached
+    assert [rows[t].pages for t in ("stale", "stale_hot", "anchor", "recent", "hot_other")] == [4, 2, 1, 1, 0]
+    assert store.stats.retier.no_room_pages == 2
+    metrics = get_minima_metrics(LABELS)
+    metrics.update(memory_report(store), store.stats)
+    assert _sample("sglang:minima_pages", tier="stale_hot") == 2
+    ctl.tick([pages[:5]])  # no live request holds the two FP8 Stale pages now: they are cached, not waiting
+    rows = memory_report(store).rows()
+    assert rows["stale_hot"].pages == 0 and rows["hot_other"].pages >= 2
+
+
 def test_pages_a_full_tq3_pool_leaves_fp8_reach_the_exported_text():
     """Retier asked for more pages than the TQ3 pool has free: those pages stay FP8 (the split, not the
     policy, sets the mix), counted per ask -> sglang:minima_conversion_no_room_pages_total{direction}."""

@@ -23,7 +23,7 @@ def assert_idle(url: str, timeout_s: float = 60) -> dict:
     while True:
         minima = requests.get(url + "/server_info", timeout=30).json()["internal_states"][0]["minima"]
         rows = {k: v["pages"] for k, v in minima["memory"]["rows"].items()}
-        busy = _running(url) + rows["recent"] + rows["anchor"] + rows["held_hot"] + rows["held_tq3"]
+        busy = _running(url) + rows["recent"] + rows["anchor"] + rows["stale_hot"] + rows["held_hot"] + rows["held_tq3"]
         if busy == 0 or time.time() > deadline:
             break
         time.sleep(0.5)

@@ -1,9 +1,10 @@
 """Bytes per tier, reconciled exactly with the bytes the store allocated.
 
 Every physical page of both regions is in exactly one row: a mapped page under its tier (hot pages
-by the controller's label, TQ3 pages as Stale), a page held only by a conversion or the release quarantine, a free
-page, or the padding page of each region. The rows add up to ``allocated_bytes`` by construction,
-and ``reconcile()`` checks that against the buffers themselves.
+by the controller's label, TQ3 pages as Stale; a hot page the last tick labelled Stale is ``stale_hot``:
+its conversion not published yet, or no free TQ3 page for it), a page held only by a conversion or the
+release quarantine, a free page, or the padding page of each region. The rows add up to
+``allocated_bytes`` by construction, and ``reconcile()`` checks that against the buffers themselves.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import torch
 
 from sglang_minima.codec.accounting import PageBytes, tq3_bytes
 from sglang_minima.codec.layout import fp8_page_bytes
-from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_RECENT
+from sglang_minima.mem_cache.page_table import FMT_HOT, FMT_TQ3, TIER_ANCHOR, TIER_RECENT, TIER_STALE
 from sglang_minima.mem_cache.tier_store import TieredPageStore
 
-TIERS = ("recent", "anchor", "hot_other", "stale")
-"""hot_other: hot pages not Recent/Anchor (cached prefixes and pages waiting for their retier)."""
+TIERS = ("recent", "anchor", "stale_hot", "hot_other", "stale")
+"""stale_hot: live requests' Stale pages still FP8 (their conversion pending, deferred, or without a free
+TQ3 page: where the split's TQ3 side binds, they pile up here); hot_other: the other hot pages that are
+not Recent/Anchor (cached prefixes, sinks)."""
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,15 @@ def memory_report(store: TieredPageStore) -> MemoryReport:
     is_hot = mapped & (pt.fmt == FMT_HOT)
     recent = int((is_hot & (pt.tier == TIER_RECENT)).sum())
     anchor = int((is_hot & (pt.tier == TIER_ANCHOR)).sum())
+    stale_hot = int((is_hot & (pt.tier == TIER_STALE)).sum())
     mapped_hot = int(is_hot.sum())
     mapped_tq3 = int((mapped & (pt.fmt == FMT_TQ3)).sum())
     layers = s.num_layers
     tiers = {
         "recent": TierUsage.of(recent, hot, layers),
         "anchor": TierUsage.of(anchor, hot, layers),
-        "hot_other": TierUsage.of(mapped_hot - recent - anchor, hot, layers),
+        "stale_hot": TierUsage.of(stale_hot, hot, layers),
+        "hot_other": TierUsage.of(mapped_hot - recent - anchor - stale_hot, hot, layers),
         "stale": TierUsage.of(mapped_tq3, tq3, layers),
     }
     padding = TierUsage.of(1, hot, layers)

@@ -4,7 +4,8 @@ Gauges use ``multiprocess_mode="mostrecent"`` like SGLang's scheduler gauges; cu
 Counters fed with the increase since the last update. Names:
 
 - ``sglang:minima_pages{tier}`` and ``sglang:minima_bytes{tier,kind}`` (kind payload/metadata/padding)
-  for tier in recent, anchor, hot_other, stale, held_hot, held_tq3, free_hot, free_tq3, padding
+  for tier in recent, anchor, stale_hot (Stale pages still FP8), hot_other, stale, held_hot, held_tq3,
+  free_hot, free_tq3, padding
 - ``sglang:minima_live_tokens``, ``sglang:minima_bytes_per_live_token``
 - ``sglang:minima_peak_scratch_bytes``: the most transient scratch one attention call or conversion
   held at once (decoded tiles, scores, staging; ops/scratch.py), beside the cache bytes above
