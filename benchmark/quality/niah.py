@@ -638,6 +638,13 @@ def plot(result: dict, path: Path) -> None:
 # ---------------------------------------------------------------------------------- main
 
 
+def _names_pool_size(arg: str) -> bool:
+    """``arg`` is SGLang's ``--max-total-tokens``, or an abbreviation of it its parser would take
+    (argparse's prefix matching: ``--max-total-token`` and ``--max-to`` name it too)."""
+    name = arg.split("=", 1)[0]
+    return len(name) >= len("--max-to") and "--max-total-tokens".startswith(name)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -686,7 +693,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lengths = [int(x) for x in args.lengths.split(",")]
     if args.concurrency < 1:
         ap.error(f"--concurrency: {args.concurrency} (at least 1)")
-    if any(a.split("=", 1)[0] == "--max-total-tokens" for a in shlex.split(args.server_args)):
+    if any(_names_pool_size(a) for a in shlex.split(args.server_args)):
         # it would come last on every server's command line: the same pool for every arm, eqbytes' too
         ap.error("--server-args: --max-total-tokens sizes every arm's pool alike (an <arm>-eqbytes arm's too); "
                  "give it as niah.py's own --max-total-tokens")

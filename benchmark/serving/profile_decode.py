@@ -144,8 +144,8 @@ def render(results: list[dict], args) -> str:
         lines.append(f"| {r['arm']} | {'-' if rows is None else rows} | {r['wall_ms_per_step']} | {r['gpu_ms_per_step']} | "
                      + " | ".join(f"{s[k]:.3f}" for k in SCOPES) + " |")
     if args.output_len > 1:  # a decode profile: say so where the window caught extend steps
-        lines += [f"\n**{r['arm']}: not a decode profile.** Its window launched FlashInfer's ragged prefill "
-                  f"{r['ragged_prefill_launches']} times: it holds extend steps (a wave's prefill)."
+        lines += [f"\n**{r['arm']}: not a decode profile.** Its window holds extend steps (a wave's prefill): "
+                  f"{r['ragged_prefill_launches']} launches of FlashInfer's ragged prefill."
                   for r in results if r.get("ragged_prefill_launches")]
     logged = [r for r in results if r.get("log_throughput")]
     if logged:

@@ -15,8 +15,9 @@ def summarize_trace(trace: dict, steps: int, top: int = 15) -> dict:
     """Totals per step from a Chrome trace: Minima's scopes, host ops (``cpu_op``), CUDA runtime and
     driver calls (a launch's cost, or a sync's wait), GPU kernels and the wall time of the profiled
     window (its first to last host event); and the launches of FlashInfer's ragged prefill, which
-    only an extend step runs (SGLang's flashinfer and Minima attend the new tokens with it; their
-    decodes read paged KV): a decode profile whose window holds any caught prefill steps."""
+    only an extend step runs (SGLang's flashinfer and Minima's kernels attend the new tokens with it;
+    their decodes read paged KV): a decode profile whose window holds any caught prefill steps. An
+    extend on Minima's torch path (``minima_native``, or a step the kernels refuse) launches none."""
     ragged = 0
     scopes: dict[str, float] = defaultdict(float)
     host: dict[str, float] = defaultdict(float)

@@ -142,7 +142,8 @@ def test_a_pool_size_among_the_servers_flags_is_refused_naming_the_flag(capsys, 
     # it would come last on every server's command line and size every arm alike, eqbytes arms too
     import pytest
 
-    for given in ("--max-total-tokens 4096", "--mem-fraction-static 0.5 --max-total-tokens=4096"):
+    for given in ("--max-total-tokens 4096", "--mem-fraction-static 0.5 --max-total-tokens=4096",
+                  "--max-total-token 4096"):  # SGLang's parser takes an abbreviation as the flag
         with pytest.raises(SystemExit):
             niah.parse_args([f"--server-args={given}", "--arms", "fp8,minima-default-eqbytes", "--device", "cuda",
                              "--out", str(tmp_path)])

@@ -67,9 +67,9 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     (tmp_path / "sglang-fp8-eager.log").write_text(scheduler_log([1000.0] * 5 + [4000.0, 6000.0, 8000.0]))
     script = Path(__file__).resolve().parents[2] / "benchmark" / "serving" / "profile_decode.py"
 
-    def run(arms: str, out: str) -> subprocess.CompletedProcess:
+    def run(arms: str, out: str, *more: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(script), "--arms", arms, "--steps", "2", "--from-traces",
-                               str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / out)],
+                               str(tmp_path), "--work", str(tmp_path / "w"), "--out", str(tmp_path / out), *more],
                               capture_output=True, text=True, timeout=300)
 
     assert run("sglang-fp8-eager,minima", "p.json").returncode == 0
@@ -80,8 +80,11 @@ def test_profile_decode_summarizes_saved_traces_without_a_server(tmp_path):
     assert "| minima | - | 2.0 | 0.5 |" in md  # requests decoding: not known from saved traces
     assert out["results"][1]["log_throughput"]["prefill"]["median"] == 3000.0
     assert "| minima | 3 x 256 | 3,000 [2,000-4,000] | 0.50 | - | - | - |" in md  # against the first arm's 6,000
-    assert "**minima: not a decode profile.** Its window launched FlashInfer's ragged prefill 1 times" in md
+    assert "**minima: not a decode profile.** Its window holds extend steps (a wave's prefill): 1 launches" in md
     assert "sglang-fp8-eager: not a decode profile" not in md
+    # a prefill profile (one output token) is made of extend steps: nothing to say
+    assert run("minima", "r.json", "--output-len", "1").returncode == 0
+    assert "not a decode profile" not in (tmp_path / "r.md").read_text()
     failed = run("minima-fp8", "q.json")
     assert failed.returncode != 0 and "no complete trace" in failed.stderr
 

@@ -20,8 +20,9 @@ from sglang_minima.mem_cache.tier_store import TieredPageStore
 
 TIERS = ("recent", "anchor", "stale_hot", "hot_other", "stale")
 """stale_hot: live requests' Stale pages still FP8 (their conversion pending, deferred, or without a free
-TQ3 page: where the split's TQ3 side binds, they pile up here); hot_other: the other hot pages that are
-not Recent/Anchor (cached prefixes, sinks)."""
+TQ3 page: where the split's TQ3 side binds, they pile up here; with Stale disabled, every one of them);
+hot_other: hot pages no live request held at the last tick (cached prefixes). A live request's sinks are
+Anchors."""
 
 
 @dataclass(frozen=True)
