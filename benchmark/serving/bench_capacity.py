@@ -1,9 +1,10 @@
 """Arms side by side at one KV byte budget: how many tokens each admits, and how it serves them.
 
-For each arm the script derives ``--max-total-tokens`` from one byte budget and the arm's KV bytes
-per token (all layers, K+V, Minima's metadata and page padding included: the cell size SGLang
-sizes its pool with), starts the server, and runs ``python -m sglang.bench_serving`` against it once
-per round (``--max-concurrency`` 8,24: two rounds on the same server, in order) while polling
+For each arm the script derives ``--max-total-tokens`` from one byte budget, less what the server
+keeps beside its pool (Minima's prefill scratch on ``minima``), and the arm's KV bytes per token (all
+layers, K+V, Minima's metadata and page padding included: the cell size SGLang sizes its pool with),
+starts the server, and runs ``python -m sglang.bench_serving`` against it once per round
+(``--max-concurrency`` 8,24: two rounds on the same server, in order) while polling
 /metrics for running and queued requests; after each round it reads the page mix and Minima's
 counters from /server_info. The device is the e2e launcher's (``MINIMA_E2E_DEVICE``: cpu unless set;
 the device harness sets cuda), so the same command measures the CPU and the GPU paths.
@@ -56,7 +57,8 @@ from serve_arms import Arm, e2e_device, launch, resolve_model  # noqa: E402
 from server_log import decode_windows  # noqa: E402
 
 from sglang_minima.config import parse_minima_argv, split_minima_argv  # noqa: E402
-from sglang_minima.mem_cache.tier_store import minima_cell_size  # noqa: E402
+from sglang_minima.launch_server import default_backend, phase_backends  # noqa: E402
+from sglang_minima.mem_cache.tier_store import minima_cell_size, prefill_scratch_reserve  # noqa: E402
 
 BASELINES = ("sglang-fp8", "sglang")
 """The arm ratios are taken against: the first of these that ran."""
@@ -170,6 +172,25 @@ def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server
         return 2 * geometry["num_kv_heads"] * geometry["head_dim"] * (1 if fp8 else dtype_bytes) * geometry["num_layers"]
     config = parse_minima_argv(split_minima_argv(flags)[0])
     return minima_cell_size(config, page_size=page_size, model_dtype_bytes=dtype_bytes, **geometry)
+
+
+def scratch_reserve(arm: Arm, geometry: dict, page_size: int, server_args: list[str] = (), device: str = "cpu") -> int:
+    """Bytes the arm's server keeps in its memory budget beside the KV pool: Minima's prefill scratch
+    (one decoded TQ3 tile, ``prefill_scratch_reserve``: 64 MiB at Llama-3-8B-class with ``minima``,
+    nothing on ``minima_native``), the same figure the server charges for, from the same flags."""
+    if arm.module != "sglang_minima.launch_server":
+        return 0
+    minima_argv, sglang_argv = split_minima_argv([*arm.flags, *server_args])
+    on_cpu = device == "cpu"
+    _, prefill = phase_backends(sglang_argv, default_backend(parse_minima_argv(minima_argv), on_cpu))
+    server = argparse.Namespace(attention_backend=prefill, prefill_attention_backend=prefill, device=device)
+    return prefill_scratch_reserve(server, num_kv_heads=geometry["num_kv_heads"], head_dim=geometry["head_dim"],
+                                   page_size=page_size)
+
+
+def pool_tokens(budget_bytes: int, per_token: int, reserve: int, page_size: int) -> int:
+    """The ``--max-total-tokens`` a byte budget buys: what is left after the reserve, in whole pages."""
+    return int((budget_bytes - reserve) // per_token) // page_size * page_size
 
 
 def kv_format(arm: Arm, dtype: str, server_args: list[str] = ()) -> str:
@@ -300,7 +321,10 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
     """Serve one arm and append a result per round to ``results`` as each ends (a round that fails
     or is cut short keeps the rounds before it)."""
     per_token = bytes_per_token(arm, geometry, args.dtype, args.page_size, args.server_args)
-    tokens = int(args.budget_mib * 2**20 // per_token) // args.page_size * args.page_size
+    # Minima's prefill scratch is in the budget, as the server charges it (runs before 2026-12-06 evening
+    # gave the pool the whole budget: at Llama-3-8B-class 64 MiB of 6 GiB, a 28th request of 6,144 at 20%)
+    reserve = scratch_reserve(arm, geometry, args.page_size, args.server_args, e2e_device())
+    tokens = pool_tokens(int(args.budget_mib * 2**20), per_token, reserve, args.page_size)
     common = ["--model-path", str(model_dir), *model_flags, "--dtype", args.dtype,
               "--page-size", str(args.page_size), "--max-total-tokens", str(tokens),
               "--max-running-requests", str(args.max_running_requests), "--enable-metrics", *args.server_args]

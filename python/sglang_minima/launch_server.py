@@ -108,9 +108,8 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
     _check_kernel_backend(config, sglang_argv, on_cpu)
-    backend = _default_backend(config, on_cpu)
-    decode_backend = _phase_backend(sglang_argv, "decode", backend)
-    prefill_backend = _phase_backend(sglang_argv, "prefill", backend)
+    backend = default_backend(config, on_cpu)
+    decode_backend, prefill_backend = phase_backends(sglang_argv, backend)
     _check_graphs(sglang_argv, decode_backend, prefill_backend)
     sglang_argv += _default_flags(sglang_argv, on_cpu, backend, decode_backend)
     set_active_config(config)
@@ -193,7 +192,7 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
     return limits + kernel_unread_options(config.value_code, config.value_bits)
 
 
-def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:
+def default_backend(config: MinimaConfig, on_cpu: bool) -> str:
     """``minima`` on CUDA, unless a flag needs the torch path; ``minima_native`` on CPU."""
     if on_cpu:
         return MINIMA_NATIVE_BACKEND
@@ -212,6 +211,14 @@ def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -
             raise LaunchError(f"{flag} {MINIMA_BACKEND} runs the GPU kernels: on CPU use {MINIMA_NATIVE_BACKEND}")
         if limits := _kernel_limits(config):
             raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
+
+
+def phase_backends(sglang_argv: Sequence[str], default: str) -> tuple[str, str]:
+    """The attention backends (decode batches, extend batches) SGLang's flags give, ``default`` where they
+    give none: what the pool's sizing charges for (the prefill's scratch, ``prefill_scratch_reserve``)
+    follows them."""
+    argv = list(sglang_argv)
+    return _phase_backend(argv, "decode", default), _phase_backend(argv, "prefill", default)
 
 
 def _phase_backend(argv: list[str], phase: str, default: str) -> str:

@@ -77,9 +77,14 @@ bc.warm_up(url, types.SimpleNamespace(dataset="gsp", input_len=6000, system_prom
 stub.shutdown()
 warm = [(path, len(b["input_ids"]) if b else None, b and b["input_ids"][:3], b and b["sampling_params"]["max_new_tokens"])
         for path, b in seen]
+llama = geo["llama3-8b-class"]
+reserve = {name: bc.scratch_reserve(arm, llama, 64, [], "cuda") for name, arm in cuda.items()}
+reserve["minima on minima_native"] = bc.scratch_reserve(cuda["minima"], llama, 64, ["--attention-backend", "minima_native"], "cuda")
+reserve["minima on cpu"] = bc.scratch_reserve(cuda["minima"], llama, 64, [], "cpu")
+reserve["pool at 20%"] = bc.pool_tokens(6144 * 2**20, 37274, reserve["minima"], 64)
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
-print(json.dumps({"warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
+print(json.dumps({"reserve": reserve, "warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(bc.decode_windows(log.splitlines()[-1])), "decode": bc.decode_step(bc.decode_windows(log)),
                   "medians": bc.decode_medians(bc.decode_windows(log)),
                   "full": bc.render([bc.ArmResult(**{**result("sglang-fp8", 10, 1.0, 1.0).__dict__, "decode_rows": 15,
@@ -110,6 +115,15 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert per["minima"] == 39_040 and per["minima-nodefer"] == per["minima"]
     assert per["minima-lean"] < per["minima"]
     assert per["minima-lean-strict"] == per["minima-lean"]  # strict admission: the same bytes, prompts wait
+    # what each server keeps beside its pool, in the budget: Minima's prefill tile on `minima` (8 heads x
+    # 16,384 tokens x 128 x 4 bytes), nothing for SGLang's arms, minima_native or the CPU
+    reserve = got["reserve"]
+    minima_arms = {"minima", "minima-fp8", "minima-nodefer", "minima-lean", "minima-lean-strict"}
+    assert {name: reserve[name] for name in minima_arms} == dict.fromkeys(minima_arms, 64 * 2**20)
+    assert reserve["sglang-fp8"] == reserve["sglang"] == 0
+    assert reserve["minima on minima_native"] == reserve["minima on cpu"] == 0
+    # 6 GiB at a 20% share (37,274 bytes a token): 171,008 tokens, 27 requests of 6,144 (28 without the reserve)
+    assert reserve["pool at 20%"] == 171_008
     assert "sglang-fp8" not in got["cpu_arms"]  # SGLang's FP8 KV does not start on this CPU
     assert got["rounds"] == [[8, 8], [16, 16]]
     # at the most running requests (16), the fastest window: 16 rows / 944 tok/s
