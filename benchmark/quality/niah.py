@@ -229,18 +229,22 @@ def dtype_bytes(dtype: str) -> int:
 
 def pool_tokens(spec: ArmSpec, args: argparse.Namespace) -> int:
     """The arm's ``--max-total-tokens``: ``--max-total-tokens`` itself, or for an ``equal_bytes`` arm the
-    tokens that the FP8 arm's pool of that many tokens holds at this arm's bytes per token (page-aligned,
-    rounded down: at most FP8's bytes)."""
+    tokens that the FP8 arm's pool of that many tokens holds at this arm's bytes per token, less what
+    the arm's server keeps in its budget for the prefill's scratch (page-aligned, rounded down: at most
+    FP8's bytes)."""
     if not spec.equal_bytes:
         return args.max_total_tokens
     from sglang_minima.codec.accounting import fp8_bytes
+    from sglang_minima.launch_server import prefill_scratch_reserve_for
     from sglang_minima.mem_cache.tier_store import minima_cell_size
 
     heads, dim = args.geometry
-    # one layer's bytes: every layer of the model keeps the same KV
-    cell = minima_cell_size(spec.config(shlex.split(args.server_args)), num_kv_heads=heads, head_dim=dim,
-                            num_layers=1, page_size=args.page_size, model_dtype_bytes=dtype_bytes(args.dtype))
-    budget = int(args.max_total_tokens * fp8_bytes(heads, args.page_size, dim).per_token)
+    extra = shlex.split(args.server_args)
+    cell = minima_cell_size(spec.config(extra), num_kv_heads=heads, head_dim=dim, num_layers=args.num_layers,
+                            page_size=args.page_size, model_dtype_bytes=dtype_bytes(args.dtype))
+    reserve = prefill_scratch_reserve_for([*spec.flags, *extra], args.device, num_kv_heads=heads, head_dim=dim,
+                                          page_size=args.page_size)
+    budget = int(args.max_total_tokens * fp8_bytes(heads, args.page_size, dim).per_token) * args.num_layers - reserve
     return budget // cell // args.page_size * args.page_size
 
 
@@ -389,6 +393,11 @@ def kv_geometry(model_path: Path) -> tuple[int, int]:
     """(KV heads, head dim) of the served model, from its config.json."""
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     return cfg["num_key_value_heads"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def kv_layers(model_path: Path) -> int:
+    """Layers of the served model that keep KV, from its config.json."""
+    return json.loads((Path(model_path) / "config.json").read_text())["num_hidden_layers"]
 
 
 def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: tuple[int, int], page_size: int,
@@ -727,7 +736,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.device == "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
         setup_cpu_engine()  # the plain SGLang arms inherit the CPU engine setup (pytest's conftest did it)
     args.model_path = ensure_default_model()
-    args.geometry = kv_geometry(args.model_path)
+    args.geometry, args.num_layers = kv_geometry(args.model_path), kv_layers(args.model_path)
     args.out.mkdir(parents=True, exist_ok=True)
     examples = [ex for task in args.tasks for length in args.lengths
                 for ex in generate(task, length, args.n, args.model_path, seed=args.seed)[: args.limit]]

@@ -57,8 +57,8 @@ from serve_arms import Arm, e2e_device, launch, resolve_model  # noqa: E402
 from server_log import decode_windows  # noqa: E402
 
 from sglang_minima.config import parse_minima_argv, split_minima_argv  # noqa: E402
-from sglang_minima.launch_server import default_backend, phase_backends  # noqa: E402
-from sglang_minima.mem_cache.tier_store import minima_cell_size, prefill_scratch_reserve  # noqa: E402
+from sglang_minima.launch_server import prefill_scratch_reserve_for  # noqa: E402
+from sglang_minima.mem_cache.tier_store import minima_cell_size  # noqa: E402
 
 BASELINES = ("sglang-fp8", "sglang")
 """The arm ratios are taken against: the first of these that ran."""
@@ -176,16 +176,12 @@ def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server
 
 def scratch_reserve(arm: Arm, geometry: dict, page_size: int, server_args: list[str] = (), device: str = "cpu") -> int:
     """Bytes the arm's server keeps in its memory budget beside the KV pool: Minima's prefill scratch
-    (one decoded TQ3 tile, ``prefill_scratch_reserve``: 64 MiB at Llama-3-8B-class with ``minima``,
-    nothing on ``minima_native``), the same figure the server charges for, from the same flags."""
+    (one decoded TQ3 tile: 64 MiB at Llama-3-8B-class with ``minima``, nothing on ``minima_native``),
+    the figure the server charges for, from the same flags."""
     if arm.module != "sglang_minima.launch_server":
         return 0
-    minima_argv, sglang_argv = split_minima_argv([*arm.flags, *server_args])
-    on_cpu = device == "cpu"
-    _, prefill = phase_backends(sglang_argv, default_backend(parse_minima_argv(minima_argv), on_cpu))
-    server = argparse.Namespace(attention_backend=prefill, prefill_attention_backend=prefill, device=device)
-    return prefill_scratch_reserve(server, num_kv_heads=geometry["num_kv_heads"], head_dim=geometry["head_dim"],
-                                   page_size=page_size)
+    return prefill_scratch_reserve_for([*arm.flags, *server_args], device, num_kv_heads=geometry["num_kv_heads"],
+                                       head_dim=geometry["head_dim"], page_size=page_size)
 
 
 def pool_tokens(budget_bytes: int, per_token: int, reserve: int, page_size: int) -> int:

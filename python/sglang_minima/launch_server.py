@@ -108,8 +108,8 @@ def prepare(argv: Sequence[str]) -> tuple[MinimaConfig, list[str]]:
 
         sglang_argv += ["--model-path", str(ensure_default_model())]
     _check_kernel_backend(config, sglang_argv, on_cpu)
-    backend = default_backend(config, on_cpu)
-    decode_backend, prefill_backend = phase_backends(sglang_argv, backend)
+    backend = _default_backend(config, on_cpu)
+    decode_backend, prefill_backend = _phase_backends(sglang_argv, backend)
     _check_graphs(sglang_argv, decode_backend, prefill_backend)
     sglang_argv += _default_flags(sglang_argv, on_cpu, backend, decode_backend)
     set_active_config(config)
@@ -192,7 +192,7 @@ def _kernel_limits(config: MinimaConfig) -> list[str]:
     return limits + kernel_unread_options(config.value_code, config.value_bits)
 
 
-def default_backend(config: MinimaConfig, on_cpu: bool) -> str:
+def _default_backend(config: MinimaConfig, on_cpu: bool) -> str:
     """``minima`` on CUDA, unless a flag needs the torch path; ``minima_native`` on CPU."""
     if on_cpu:
         return MINIMA_NATIVE_BACKEND
@@ -213,12 +213,27 @@ def _check_kernel_backend(config: MinimaConfig, argv: list[str], on_cpu: bool) -
             raise LaunchError(f"{flag} {MINIMA_BACKEND} cannot serve {'; '.join(limits)}: use {MINIMA_NATIVE_BACKEND}")
 
 
-def phase_backends(sglang_argv: Sequence[str], default: str) -> tuple[str, str]:
+def _phase_backends(sglang_argv: Sequence[str], default: str) -> tuple[str, str]:
     """The attention backends (decode batches, extend batches) SGLang's flags give, ``default`` where they
     give none: what the pool's sizing charges for (the prefill's scratch, ``prefill_scratch_reserve``)
     follows them."""
     argv = list(sglang_argv)
     return _phase_backend(argv, "decode", default), _phase_backend(argv, "prefill", default)
+
+
+def prefill_scratch_reserve_for(argv: Sequence[str], device: str, *, num_kv_heads: int, head_dim: int,
+                                page_size: int) -> int:
+    """Bytes a server launched with ``argv`` (Minima's and SGLang's flags) on ``device`` keeps in its
+    memory budget for the prefill's scratch (``prefill_scratch_reserve``), without starting it: what a
+    benchmark that sizes pools at one byte budget leaves out of Minima's pool."""
+    from types import SimpleNamespace
+
+    from sglang_minima.mem_cache.tier_store import prefill_scratch_reserve  # (torch: imported when used)
+
+    minima_argv, sglang_argv = split_minima_argv(argv)
+    _, prefill = _phase_backends(sglang_argv, _default_backend(parse_minima_argv(minima_argv), device == "cpu"))
+    server = SimpleNamespace(attention_backend=prefill, prefill_attention_backend=prefill, device=device)
+    return prefill_scratch_reserve(server, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
 
 
 def _phase_backend(argv: list[str], phase: str, default: str) -> str:

@@ -121,20 +121,24 @@ def test_bytes_per_token_follows_the_codecs_page_accounting():
 
 def test_an_equal_bytes_arm_gets_the_fp8_pools_bytes_in_tokens():
     args = Namespace(model_path="m", dtype="bfloat16", page_size=64, max_total_tokens=69_632, concurrency=32,
-                     device="cuda", geometry=(3, 64), server_args="")
+                     device="cuda", geometry=(3, 64), num_layers=30, server_args="")
 
-    def tokens(arm: str, server_args: str = "") -> int:
-        flags = niah.server_flags(niah.ARMS[arm], Namespace(**{**vars(args), "server_args": server_args}), "default")
+    def tokens(arm: str, server_args: str = "", device: str = "cuda") -> int:
+        flags = niah.server_flags(niah.ARMS[arm], Namespace(**{**vars(args), "server_args": server_args,
+                                                               "device": device}), "default")
         return int(flags[flags.index("--max-total-tokens") + 1])
 
     assert tokens("fp8") == tokens("minima-default") == 69_632  # the same logical tokens
-    # per layer and token: FP8 384 bytes; the defaults 0.25 * 384 + 0.75 * (4-bit keys, 3-bit values:
-    # 3 * (7 * 64 / 8 + 3 * 2) = 186), 235.5, rounded up to 236: 69,632 * 384 / 236 = 113,301 -> 113,280
-    assert tokens("minima-default-eqbytes") == 113_280
-    # the arm's bytes per token follow --server-args (3-bit keys: 3 * (6 * 64 / 8 + 6) = 162 -> 217.5 -> 218)
-    assert tokens("minima-default-eqbytes", "--minima-key-bits 3") == 69_632 * 384 // 218 // 64 * 64
-    # a 20% FP8 share: 0.2 * 384 + 0.8 * 186 = 225.6 -> 226 bytes; the arm's own flags count
-    assert tokens("minima-fp8share20-eqbytes") == 69_632 * 384 // 226 // 64 * 64
+    # FP8: 384 bytes a token and layer, 30 layers; the defaults 0.25 * 384 + 0.75 * (4-bit keys, 3-bit
+    # values: 3 * (7 * 64 / 8 + 3 * 2) = 186) = 235.5 a layer, 7,065 a token; on CUDA the server keeps
+    # 12 MiB of the budget for the prefill's tile (3 heads x 16,384 tokens x 64 x 4 bytes), on CPU nothing
+    fp8_budget = 69_632 * 384 * 30
+    assert tokens("minima-default-eqbytes") == (fp8_budget - 12 * 2**20) // 7065 // 64 * 64 == 111_744
+    assert tokens("minima-default-eqbytes", device="cpu") == fp8_budget // 7065 // 64 * 64 == 113_536
+    # the arm's bytes per token follow --server-args (3-bit keys: 3 * (6 * 64 / 8 + 6) = 162 -> 217.5 a layer)
+    assert tokens("minima-default-eqbytes", "--minima-key-bits 3") == (fp8_budget - 12 * 2**20) // 6525 // 64 * 64
+    # a 20% FP8 share: 0.2 * 384 + 0.8 * 186 = 225.6 a layer, 6,768 a token; the arm's own flags count
+    assert tokens("minima-fp8share20-eqbytes") == (fp8_budget - 12 * 2**20) // 6768 // 64 * 64
     assert "minima-nostale-eqbytes" not in niah.ARMS  # nothing converted: FP8's bytes per token already
 
 
