@@ -396,7 +396,8 @@ def kv_geometry(model_path: Path) -> tuple[int, int]:
 
 
 def kv_layers(model_path: Path) -> int:
-    """Layers of the served model that keep KV, from its config.json."""
+    """Layers of the served model, from its config.json: every one keeps KV in the models niah.py
+    serves (the default model); a hybrid model's linear-attention layers would not."""
     return json.loads((Path(model_path) / "config.json").read_text())["num_hidden_layers"]
 
 

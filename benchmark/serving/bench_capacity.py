@@ -177,7 +177,7 @@ def bytes_per_token(arm: Arm, geometry: dict, dtype: str, page_size: int, server
 def scratch_reserve(arm: Arm, geometry: dict, page_size: int, server_args: list[str] = (), device: str = "cpu") -> int:
     """Bytes the arm's server keeps in its memory budget beside the KV pool: Minima's prefill scratch
     (one decoded TQ3 tile: 64 MiB at Llama-3-8B-class with ``minima``, nothing on ``minima_native``),
-    the figure the server charges for, from the same flags."""
+    from the flags the server gets, in their order (``run_arm``: the arm's, then ``--server-args``)."""
     if arm.module != "sglang_minima.launch_server":
         return 0
     return prefill_scratch_reserve_for([*arm.flags, *server_args], device, num_kv_heads=geometry["num_kv_heads"],
@@ -323,11 +323,13 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
     tokens = pool_tokens(int(args.budget_mib * 2**20), per_token, reserve, args.page_size)
     common = ["--model-path", str(model_dir), *model_flags, "--dtype", args.dtype,
               "--page-size", str(args.page_size), "--max-total-tokens", str(tokens),
-              "--max-running-requests", str(args.max_running_requests), "--enable-metrics", *args.server_args]
+              "--max-running-requests", str(args.max_running_requests), "--enable-metrics"]
     if e2e_device() == "cpu":  # no graphs on CPU (the SGLang arms' own flags say so already)
         cpu = {"--device": "cpu", "--cuda-graph-backend-decode": "disabled", "--cuda-graph-backend-prefill": "disabled"}
         common += [x for flag, value in cpu.items() if flag not in arm.flags for x in (flag, value)]
-    server = launch(common + arm.flags, work / f"{arm.name}.log", env=arm.env, module=arm.module)
+    # --server-args last: a flag given there wins over the arm's own (argparse keeps the last), as
+    # bytes_per_token and scratch_reserve read them
+    server = launch(common + arm.flags + args.server_args, work / f"{arm.name}.log", env=arm.env, module=arm.module)
     before = None
     try:
         warm_up(server.url, args)

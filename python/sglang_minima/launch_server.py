@@ -223,14 +223,18 @@ def _phase_backends(sglang_argv: Sequence[str], default: str) -> tuple[str, str]
 
 def prefill_scratch_reserve_for(argv: Sequence[str], device: str, *, num_kv_heads: int, head_dim: int,
                                 page_size: int) -> int:
-    """Bytes a server launched with ``argv`` (Minima's and SGLang's flags) on ``device`` keeps in its
+    """Bytes a server launched with ``argv`` (Minima's and SGLang's flags, in their command line's order:
+    the last of a repeated flag counts) on ``device`` (or the ``--device`` in ``argv``) keeps in its
     memory budget for the prefill's scratch (``prefill_scratch_reserve``), without starting it: what a
-    benchmark that sizes pools at one byte budget leaves out of Minima's pool."""
+    benchmark that sizes pools at one byte budget leaves out of Minima's pool (SGLang sizes a pool from
+    its memory less this; a pool given by ``--max-total-tokens`` is taken as given). One GPU: tensor
+    parallelism divides ``num_kv_heads``."""
     from types import SimpleNamespace
 
     from sglang_minima.mem_cache.tier_store import prefill_scratch_reserve  # (torch: imported when used)
 
     minima_argv, sglang_argv = split_minima_argv(argv)
+    device = _flag_value(sglang_argv, "--device") or device
     _, prefill = _phase_backends(sglang_argv, _default_backend(parse_minima_argv(minima_argv), device == "cpu"))
     server = SimpleNamespace(attention_backend=prefill, prefill_attention_backend=prefill, device=device)
     return prefill_scratch_reserve(server, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
@@ -282,14 +286,16 @@ def _default_flags(argv: list[str], on_cpu: bool, backend: str, decode_backend: 
 
 
 def _flag_value(argv: Sequence[str], *names: str) -> str | None:
-    """The value given for any of ``names`` (``--x v`` or ``--x=v``), or None if absent."""
+    """The value given last for any of ``names`` (``--x v`` or ``--x=v``), or None if absent: SGLang's
+    argparse keeps the last of a repeated flag, so the launcher reads the same one."""
+    value = None
     for i, arg in enumerate(argv):
         for name in names:
             if arg == name:
-                return argv[i + 1] if i + 1 < len(argv) else ""
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
+                value = argv[i + 1] if i + 1 < len(argv) else ""
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
 
 
 def _cuda_available() -> bool:

@@ -81,7 +81,8 @@ llama = geo["llama3-8b-class"]
 reserve = {name: bc.scratch_reserve(arm, llama, 64, [], "cuda") for name, arm in cuda.items()}
 reserve["minima on minima_native"] = bc.scratch_reserve(cuda["minima"], llama, 64, ["--attention-backend", "minima_native"], "cuda")
 reserve["minima on cpu"] = bc.scratch_reserve(cuda["minima"], llama, 64, [], "cpu")
-reserve["pool at 20%"] = bc.pool_tokens(6144 * 2**20, 37274, reserve["minima"], 64)
+share20 = bc.bytes_per_token(cuda["minima"], llama, "bfloat16", 64, ["--minima-fp8-page-fraction", "0.2"])
+reserve["pool at 20%"] = [share20, bc.pool_tokens(6144 * 2**20, share20, reserve["minima"], 64)]
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
 print(json.dumps({"reserve": reserve, "warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
@@ -123,7 +124,7 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert reserve["sglang-fp8"] == reserve["sglang"] == 0
     assert reserve["minima on minima_native"] == reserve["minima on cpu"] == 0
     # 6 GiB at a 20% share (37,274 bytes a token): 171,008 tokens, 27 requests of 6,144 (28 without the reserve)
-    assert reserve["pool at 20%"] == 171_008
+    assert reserve["pool at 20%"] == [37_274, 171_008]
     assert "sglang-fp8" not in got["cpu_arms"]  # SGLang's FP8 KV does not start on this CPU
     assert got["rounds"] == [[8, 8], [16, 16]]
     # at the most running requests (16), the fastest window: 16 rows / 944 tok/s

@@ -177,3 +177,31 @@ def test_breakable_prefill_graphs_are_passed_to_sglang_on_the_kernel_backend(mon
     assert argv.count("--cuda-graph-backend-prefill") == 1
     assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "breakable"
     assert argv[argv.index("--attention-backend") + 1] == "minima"
+
+
+def test_a_repeated_flag_is_read_as_sglang_reads_it_the_last_one(monkeypatch, tmp_path):
+    # SGLang's argparse keeps the last value of a repeated flag: the launcher's checks and defaults
+    # must look at that one, not the first
+    monkeypatch.setattr(launch_server, "_cuda_available", lambda: True)
+    monkeypatch.setattr("sglang_minima.cpu_engine.setup_cpu_engine", lambda: None)
+    with pytest.raises(LaunchError) as refused:
+        launch_server.prepare(["--model-path", str(tmp_path), "--device", "cuda", "--attention-backend",
+                               "minima_native", "--device", "cpu", "--attention-backend=minima"])
+    assert refused.value.message.startswith("--attention-backend minima runs the GPU kernels: on CPU")
+    _, argv = launch_server.prepare(["--model-path", str(tmp_path), "--attention-backend", "minima",
+                                     "--attention-backend", "minima_native"])
+    # the torch path, so no decode graphs by default
+    assert argv[argv.index("--cuda-graph-backend-decode") + 1] == "disabled"
+
+
+def test_the_prefill_scratch_reserve_follows_the_flags_a_server_would_read():
+    # what bench_capacity.py and niah.py leave out of a Minima pool at one byte budget: the one TQ3
+    # tile the server keeps in its budget (8 KV heads x 16,384 tokens x 128 x 4 bytes on `minima`)
+    def reserve(*argv: str, device: str = "cuda") -> int:
+        return launch_server.prefill_scratch_reserve_for(list(argv), device, num_kv_heads=8, head_dim=128, page_size=64)
+
+    assert reserve() == reserve("--decode-attention-backend", "minima_native") == 64 * 2**20
+    assert reserve("--attention-backend", "minima_native") == reserve("--prefill-attention-backend=minima_native") == 0
+    assert reserve("--attention-backend", "minima_native", "--attention-backend", "minima") == 64 * 2**20  # the last
+    assert reserve(device="cpu") == reserve("--device", "cpu") == 0
+    assert reserve("--minima-hot-dtype", "auto") == 0  # the kernels do not read model-dtype hot pages: minima_native
