@@ -239,7 +239,7 @@ def pool_tokens(spec: ArmSpec, args: argparse.Namespace) -> int:
     from sglang_minima.mem_cache.tier_store import minima_cell_size
 
     heads, dim = args.geometry
-    extra = shlex.split(args.server_args)
+    extra = shlex.split(getattr(args, "server_args", ""))
     cell = minima_cell_size(spec.config(extra), num_kv_heads=heads, head_dim=dim, num_layers=args.num_layers,
                             page_size=args.page_size, model_dtype_bytes=dtype_bytes(args.dtype))
     reserve = prefill_scratch_reserve_for([*spec.flags, *extra], args.device, num_kv_heads=heads, head_dim=dim,
@@ -393,6 +393,13 @@ def kv_geometry(model_path: Path) -> tuple[int, int]:
     """(KV heads, head dim) of the served model, from its config.json."""
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     return cfg["num_key_value_heads"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def set_model(args: argparse.Namespace, model_path: Path) -> None:
+    """The served model's facts the server flags need (``pool_tokens``: an eqbytes arm's pool): its
+    path, (KV heads, head dim) and layers. niah.py and perplexity.py set them the same way."""
+    args.model_path = model_path
+    args.geometry, args.num_layers = kv_geometry(model_path), kv_layers(model_path)
 
 
 def kv_layers(model_path: Path) -> int:
@@ -736,8 +743,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.device == "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
         setup_cpu_engine()  # the plain SGLang arms inherit the CPU engine setup (pytest's conftest did it)
-    args.model_path = ensure_default_model()
-    args.geometry, args.num_layers = kv_geometry(args.model_path), kv_layers(args.model_path)
+    set_model(args, ensure_default_model())
     args.out.mkdir(parents=True, exist_ok=True)
     examples = [ex for task in args.tasks for length in args.lengths
                 for ex in generate(task, length, args.n, args.model_path, seed=args.seed)[: args.limit]]

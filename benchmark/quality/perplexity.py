@@ -296,7 +296,7 @@ def main() -> None:
         arms.insert(0, args.reference)
     from sglang_minima.models import ensure_default_model
 
-    args.model_path = ensure_default_model()
+    niah.set_model(args, ensure_default_model())  # an <arm>-eqbytes arm's pool needs its geometry
     runs = [niah.Run(a, args.chunk) for a in arms]
     if not args.report_only:
         text = kjv_text() if args.text == "kjv" else essays_text()

@@ -94,3 +94,14 @@ def test_windows_sent_together_go_in_one_batched_call_and_count_their_routes_onc
     calls.clear()
     perplexity.score_run(run, windows, args)  # all answered: resumes to nothing
     assert calls == []
+
+
+def test_an_equal_bytes_arm_is_sized_from_the_model_perplexity_serves(tmp_path):
+    # perplexity.py's arguments (no --server-args) and niah's model facts: FP8's bytes of 32,768 tokens,
+    # less the 12 MiB prefill tile on CUDA, at the defaults' 7,065 bytes a token (SmolLM2: 3 x 64, 30 layers)
+    (tmp_path / "config.json").write_text(json.dumps({"num_key_value_heads": 3, "head_dim": 64, "num_hidden_layers": 30,
+                                                       "hidden_size": 576, "num_attention_heads": 9}))
+    args = Namespace(device="cuda", dtype="bfloat16", page_size=64, max_total_tokens=32768, concurrency=1)
+    niah.set_model(args, tmp_path)
+    flags = niah.server_flags(niah.ARMS["minima-default-eqbytes"], args, "128")
+    assert int(flags[flags.index("--max-total-tokens") + 1]) == (32768 * 384 * 30 - 12 * 2**20) // 7065 // 64 * 64
