@@ -225,19 +225,16 @@ def prefill_scratch_reserve_for(argv: Sequence[str], device: str, *, num_kv_head
                                 page_size: int) -> int:
     """Bytes a server launched with ``argv`` (Minima's and SGLang's flags, in their command line's order:
     the last of a repeated flag counts) on ``device`` (or the ``--device`` in ``argv``) keeps in its
-    memory budget for the prefill's scratch (``prefill_scratch_reserve``), without starting it: what a
+    memory budget for the prefill's scratch (``extend_scratch_reserve``), without starting it: what a
     benchmark that sizes pools at one byte budget leaves out of Minima's pool (SGLang sizes a pool from
     its memory less this; a pool given by ``--max-total-tokens`` is taken as given). One GPU: tensor
     parallelism divides ``num_kv_heads``."""
-    from types import SimpleNamespace
-
-    from sglang_minima.mem_cache.tier_store import prefill_scratch_reserve  # (torch: imported when used)
+    from sglang_minima.mem_cache.tier_store import extend_scratch_reserve  # (torch: imported when used)
 
     minima_argv, sglang_argv = split_minima_argv(argv)
     device = _flag_value(sglang_argv, "--device") or device
     _, prefill = _phase_backends(sglang_argv, _default_backend(parse_minima_argv(minima_argv), device == "cpu"))
-    server = SimpleNamespace(attention_backend=prefill, prefill_attention_backend=prefill, device=device)
-    return prefill_scratch_reserve(server, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
+    return extend_scratch_reserve(prefill, device, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
 
 
 def _phase_backend(argv: list[str], phase: str, default: str) -> str:

@@ -93,16 +93,23 @@ def minima_cell_size(
 
 
 def prefill_scratch_reserve(server_args, *, num_kv_heads: int, head_dim: int, page_size: int) -> int:
-    """Bytes the pool's sizing sets aside for the extend path's transient scratch: on CUDA with
-    ``minima``, one TQ3 tile of K and V decoded for the prefill (``minima_kernels.heuristics``; the
-    kernel's tile where the head dim has the kernels' rotation, the torch codec's otherwise), which
-    ``sglang:minima_peak_scratch_bytes`` meters. Nothing for ``minima_native``: its torch ops attend
-    tiles of a few pages (``ops.paged``), no larger than the activations SGLang leaves room for."""
-    # SGLang runs extend batches on the prefill backend where one is set
+    """``extend_scratch_reserve`` for the backend SGLang runs extend batches on: the prefill backend
+    where one is set."""
     backend = server_args.prefill_attention_backend or server_args.attention_backend
-    if backend != MINIMA_BACKEND or server_args.device != "cuda":
+    return extend_scratch_reserve(backend, server_args.device, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                  page_size=page_size)
+
+
+def extend_scratch_reserve(backend: str, device: str, *, num_kv_heads: int, head_dim: int, page_size: int) -> int:
+    """Bytes the pool's sizing sets aside for the extend path's transient scratch where extend
+    batches run on ``backend``: on CUDA with ``minima``, one TQ3 tile of K and V decoded for the
+    prefill (``minima_kernels.heuristics``; the kernel's tile where the head dim has the kernels'
+    rotation, the torch codec's otherwise), which ``sglang:minima_peak_scratch_bytes`` meters. Nothing
+    for ``minima_native``: its torch ops attend tiles of a few pages (``ops.paged``), no larger than
+    the activations SGLang leaves room for."""
+    if backend != MINIMA_BACKEND or device != "cuda":
         return 0
-    kernel = prefill_tq3_kernel(server_args.device, head_dim)
+    kernel = prefill_tq3_kernel(device, head_dim)
     return prefill_scratch_bytes(num_kv_heads, head_dim, page_size, kernel=kernel)
 
 
