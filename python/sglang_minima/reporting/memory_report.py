@@ -103,11 +103,12 @@ def memory_report(store: TieredPageStore) -> MemoryReport:
     hot, tq3 = hot_page_bytes(store), tq3_bytes(store.layout)
     mapped = pt.mapped
     is_hot = mapped & (pt.fmt == FMT_HOT)
-    recent = int((is_hot & (pt.tier == TIER_RECENT)).sum())
-    anchor = int((is_hot & (pt.tier == TIER_ANCHOR)).sum())
-    stale_hot = int((is_hot & (pt.tier == TIER_STALE)).sum())
-    mapped_hot = int(is_hot.sum())
-    mapped_tq3 = int((mapped & (pt.fmt == FMT_TQ3)).sum())
+    # one device read for every count (the radix cache reports after each step with --enable-metrics)
+    recent, anchor, stale_hot, mapped_hot, mapped_tq3, live_tokens = torch.stack([
+        (is_hot & (pt.tier == TIER_RECENT)).sum(), (is_hot & (pt.tier == TIER_ANCHOR)).sum(),
+        (is_hot & (pt.tier == TIER_STALE)).sum(), is_hot.sum(), (mapped & (pt.fmt == FMT_TQ3)).sum(),
+        torch.where(mapped, pt.fill, 0).sum(),
+    ]).tolist()
     layers = s.num_layers
     tiers = {
         "recent": TierUsage.of(recent, hot, layers),
@@ -130,6 +131,6 @@ def memory_report(store: TieredPageStore) -> MemoryReport:
             padding.metadata_bytes + padding_tq3.metadata_bytes,
             padding.padding_bytes + padding_tq3.padding_bytes,
         ),
-        live_tokens=int(pt.fill[mapped].sum()),
+        live_tokens=live_tokens,
         allocated_bytes=buffer_bytes(store),
     )
