@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_minima.layers.attention.minima_backend import MinimaAttnBackend
@@ -172,12 +173,15 @@ def test_kernel_extend_matches_minima_native(monkeypatch, key_bits, key_center):
         return real_plan(self, *args)
 
     monkeypatch.setattr(MinimaPrefillWrapper, "plan", spy)
+    read_ends = []
 
     def run(new_tokens, mode):
         fb = h.batch(new_tokens, mode)
         h.backend.init_forward_metadata(fb)
         kernels.init_forward_metadata(fb)
         t = int(fb.out_cache_loc.numel())
+        # where SGLang's overlap scheduler may let its next batch (and Minima's tick) write: after the plan
+        read_ends.append(kernels.resolve_prefill_shared_read_ends(fb, num_qo_tokens=t))
         for layer in h.layers:
             q, k, v = h.qkv(t)
             k, v = _fp8_exact(k, 0.5), _fp8_exact(v, 0.25)
@@ -193,6 +197,9 @@ def test_kernel_extend_matches_minima_native(monkeypatch, key_bits, key_center):
     run({1: 20, 2: 7, 3: PS + 5}, ForwardMode.EXTEND)  # next chunks over TQ3 pages; row 3 a fresh prompt
     run({1: 1, 2: 9, 3: 1}, ForwardMode.MIXED)
     assert kernels._prefill is not None and h.pool.stats.fallbacks == 0
+    # the first extend's layers may take the torch path (it plans at its layer): the whole forward;
+    # then the kernels' steps end their shared reads at the plan; a mixed batch is SGLang's coarse case
+    assert read_ends == [SharedReadEnds.UNKNOWN, SharedReadEnds.PRE_REPLAY, SharedReadEnds.UNKNOWN]
     assert kernels._prefill._dequant.key_bits == key_bits  # the tile decoder of the pool's key width
     qo, prefix_indptr, _, prefix_rows, tq3 = plans[1]
     assert qo.tolist() == [0, 20, 27, 27 + PS + 5]
@@ -224,3 +231,5 @@ def test_an_extend_the_split_refuses_is_attended_by_the_torch_path_and_counted(m
             got = kernels.forward(q, k, v, layer, fb, save_kv_cache=False)
             torch.testing.assert_close(got, want)  # the torch path itself
         assert h.pool.stats.fallbacks == step + 1
+        # the torch path planned at its first layer, after SGLang's snapshot point: the whole forward
+        assert kernels.resolve_prefill_shared_read_ends(fb, num_qo_tokens=PS + 8) is SharedReadEnds.UNKNOWN

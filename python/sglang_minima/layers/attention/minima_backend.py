@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_minima.layers.attention.forward_plan import plan_forward, split_extend
@@ -82,10 +83,15 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self._prefill = None  # the extend wrapper, built at the first extend layer (its shapes are the layer's)
         self._prefill_key: tuple | None = None
         self._extend: ExtendPlan | None = None  # this extend step's split, None: the torch path attends it
+        # Every layer of the last extend step ran the kernels, none the torch path (which plans at its
+        # layer): a model whose layers all bring their own K/V (not Gemma-3n's KV-shared layers)
+        self._kernel_extends = False
+        self._torch_layers = False  # this step: some layer ran the torch path
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._planned = None  # planned at this step's first layer, once its shapes are known
         self._extend = None
+        self._torch_layers = False
         mode = forward_batch.forward_mode
         extend = mode == ForwardMode.EXTEND or mode.is_mixed()
         if extend and not self._score_pages:
@@ -117,6 +123,23 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self.forward_metadata = plan
         return True
 
+    def _snapshot_prefill_shared_reads(self, forward_batch: ForwardBatch, *, num_qo_tokens: int) -> SharedReadEnds:
+        """Where an extend step's reads of scheduler-shared state end, for SGLang's overlap scheduler
+        (its prefill read-done fast path): PRE_REPLAY where the kernels attend the step from the plan
+        made above, so the schedule stream (SGLang's next batch, Minima's tick) waits for the plan,
+        not the whole extend. After the plan the step reads the plan's own tensors and the pages it
+        names (the release quarantine keeps a freed one for two steps), and its KV write maps the
+        batch's own slots through the page table at its first layer: pages mapped before the step was
+        launched, whose mapping the tick never changes (it publishes and promotes sealed pages only).
+        The tick reads one thing the step writes: page fill, raised after the last layer's write; a
+        fill read before that leaves the page unsealed, converted at a later tick. UNKNOWN (the whole
+        forward) where a layer may take the torch path, which plans at its layer: the step's split
+        refused, or a layer of the last extend step took it (SGLang's warm-up is the first); and where
+        the step collects page mass or scores for the tick to read."""
+        if self._extend is None or not self._kernel_extends or self._score_pages or self._window:
+            return SharedReadEnds.UNKNOWN
+        return SharedReadEnds.PRE_REPLAY
+
     def _torch_route(self, forward_batch: ForwardBatch) -> BatchRoute:
         """The per-request routes the torch path reads, for an extend step planned on the device that
         the kernels cannot serve after all (its routes are counted already)."""
@@ -140,12 +163,17 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         **kwargs,
     ) -> torch.Tensor:
         prefill = self._prefill_for(q, layer) if self._extend is not None and k is not None else None
+        last = layer.layer_id == self._last_layer_id
         if prefill is None:
+            self._torch_layers = True
             if not isinstance(self.forward_metadata, BatchRoute):
                 self.forward_metadata = self._torch_route(forward_batch)
-            if layer.layer_id == self._last_layer_id:
+            if last:
                 self.token_to_kv_pool.note_fallback()  # once per step: the torch path attended this batch
+                self._kernel_extends = False
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        if last:
+            self._kernel_extends = not self._torch_layers
         check_layer(layer)
         pool, lid, plan = self.token_to_kv_pool, self._pool_layer(layer), self._extend
         if self._planned is None:
