@@ -2,7 +2,8 @@
 the synchronous path's bytes, even behind source writes still queued on the current stream; no use
 after free under an emulated overlap scheduler (pages NaN-poisoned as they return to a free list,
 a slowed forward on its own stream), and the same run with a shortened quarantine does read NaN;
-a decode step's forward (plan, kernels) with no host sync while conversions are pending."""
+a decode step's forward (plan, kernels) with no host sync while conversions are pending; a tick behind
+an extend's plan (the overlap scheduler's early barrier) converts no page the extend still writes."""
 
 import pytest
 import torch
@@ -212,3 +213,76 @@ def test_a_decode_step_has_no_host_sync_while_conversions_are_pending(monkeypatc
     store.publish_conversions(wait=True)
     assert (store.page_table.fmt[torch.tensor([1, 2, 5, 6], device="cuda")] == FMT_TQ3).all()
     assert torch.isfinite(decode_step()).all()
+
+
+def _tick_behind_a_slowed_extend(note_fill_first: bool):
+    """SGLang's overlap scheduler with an extend that declares its shared reads done at its plan
+    (``MinimaAttnBackend._snapshot_prefill_shared_reads``): the schedule stream waits for the plan's
+    event only, then ticks while the slowed extend still writes. The extend finishes page 4 (its first
+    half was written by an earlier step) and writes page 5; pages 1-3 are sealed Stale pages, page 4
+    turns Stale once full (one Recent page). Returns the store, the controller, page 4's bytes as the
+    extend writes them, and the pages' formats right after the early tick."""
+    from sglang_minima.config import MinimaConfig
+    from sglang_minima.mem_cache.controller import LifecycleController
+
+    store = _store()
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=0, retier_batch_pages=8))
+    pages = torch.arange(1, 6, device="cuda")
+    store.map_new(pages)
+    kv = _kv(5, 7)
+    _write(store, pages, kv, tokens=3 * PS + PS // 2)  # earlier steps: pages 1-3 and half of page 4
+    fwd, plan_done = torch.cuda.Stream(), torch.cuda.Event()
+    fwd.wait_stream(torch.cuda.current_stream())
+    slots = _slots(pages)[3 * PS + PS // 2 : 4 * PS + 3]  # the extend's new tokens
+    with torch.cuda.stream(fwd):
+        plan_done.record(fwd)  # the read-done event SGLang records after the plan
+        if note_fill_first:  # a fill raised before the layers' writes: what the last-layer order prevents
+            store.page_table.note_written(slots)
+        torch.cuda._sleep(SLEEP)  # the extend's layers
+        hot = store.page_table.hot_slots(slots)
+        for layer in range(LAYERS):
+            store.hot_k[layer][hot] = fp8_quantize(kv[0, layer, 3 * PS + PS // 2 : 4 * PS + 3]).view(torch.uint8)
+            store.hot_v[layer][hot] = fp8_quantize(kv[1, layer, 3 * PS + PS // 2 : 4 * PS + 3]).view(torch.uint8)
+        store.page_table.note_written(slots)  # after the last layer's write (MinimaKVPool.set_kv_buffer)
+    torch.cuda.current_stream().wait_event(plan_done)  # _apply_war_barrier at PRE_REPLAY
+    ctl.tick([pages])
+    early = store.page_table.fmt[pages].tolist()
+    torch.cuda.synchronize()
+    return store, ctl, pages, early
+
+
+def _page4_bytes_as_written_whole(pages):
+    """Page 4's TQ3 bytes per layer when its whole content is written first, then converted."""
+    ref = _store()
+    ref.map_new(pages)
+    _write(ref, pages, _kv(5, 7), tokens=4 * PS + 3)
+    assert ref.retier(pages[:4]) == 4
+    ref.publish_conversions(wait=True)
+    return [ref.tq3[layer][ref.page_table.phys[pages[3]].long()] for layer in range(LAYERS)]
+
+
+def _page4_bytes(store, pages):
+    return [store.tq3[layer][store.page_table.phys[pages[3]].long()] for layer in range(LAYERS)]
+
+
+def test_a_tick_behind_an_extends_plan_converts_no_page_the_extend_still_writes():
+    store, ctl, pages, early = _tick_behind_a_slowed_extend(note_fill_first=False)
+    assert early[3] == FMT_HOT  # the early tick read page 4's fill from before the extend's last layer
+    store.publish_conversions(wait=True)
+    assert store.page_table.fmt[pages].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
+    ctl.tick([pages])  # the next tick, the extend done: page 4 is sealed now
+    store.publish_conversions(wait=True)
+    assert store.page_table.fmt[pages].tolist() == [FMT_TQ3] * 4 + [FMT_HOT]
+    for layer, (got, want) in enumerate(zip(_page4_bytes(store, pages), _page4_bytes_as_written_whole(pages))):
+        assert torch.equal(got, want), f"layer {layer}: page 4 converted from other bytes"
+    assert store.reference_mismatches() == 0
+
+
+def test_a_fill_raised_before_the_writes_converts_a_half_written_page():
+    """The test above can fail: had the extend raised page 4's fill before its layers wrote it, the
+    early tick would convert page 4 from its first half."""
+    store, _, pages, _ = _tick_behind_a_slowed_extend(note_fill_first=True)
+    store.publish_conversions(wait=True)
+    assert store.page_table.fmt[pages[3]].item() == FMT_TQ3
+    got, want = _page4_bytes(store, pages), _page4_bytes_as_written_whole(pages)
+    assert any(not torch.equal(g, w) for g, w in zip(got, want))
