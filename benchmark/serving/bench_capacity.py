@@ -18,6 +18,8 @@ Arms (``--arms``):
   minima-lean   Minima with only a few FP8 pages (--minima-fp8-page-fraction --lean-fraction)
   minima-lean-strict  minima-lean with --minima-strict-hot-admission (a prompt waits for hot pages
                 instead of converting a live request's sink or Recent pages)
+  minima-coarse Minima's defaults with SGLang's prefill read-done fast path off (the overlap scheduler
+                waits for every extend's whole forward before Minima's tick: the barrier before 2026-12-06)
 
 Workloads (``--dataset``): ``gsp`` is bench_serving's generated-shared-prefix (``--num-groups``
 groups of ``--prompts-per-group`` prompts sharing a ``--system-prompt-len`` system prompt); ``random``
@@ -212,6 +214,11 @@ def arms(device: str, lean_fraction: float) -> dict[str, Arm]:
         "minima-nodefer": known["minima-nodefer"],
         "minima-lean": Arm("minima-lean", "sglang_minima.launch_server", lean),
         "minima-lean-strict": Arm("minima-lean-strict", "sglang_minima.launch_server", lean + ["--minima-strict-hot-admission"]),
+        # the default with SGLang's prefill read-done fast path off: the overlap scheduler's barrier is
+        # then every extend's whole forward, as before the minima backend declared its reads done at
+        # its plan (MinimaAttnBackend._snapshot_prefill_shared_reads): what that declaration gives
+        "minima-coarse": Arm("minima-coarse", "sglang_minima.launch_server", known["minima"].flags,
+                             {"SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "0"}),
     }
     if device != "cpu":
         chosen["sglang-fp8"] = known["sglang-fp8"]
