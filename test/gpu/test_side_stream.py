@@ -46,7 +46,7 @@ def _write(store, pages, kv, tokens=None):
     for layer in range(LAYERS):
         store.hot_k[layer][hot] = fp8_quantize(kv[0, layer, : slots.numel()]).view(torch.uint8)
         store.hot_v[layer][hot] = fp8_quantize(kv[1, layer, : slots.numel()]).view(torch.uint8)
-    store.page_table.note_written(slots)
+    store.page_table.note_written(hot)
 
 
 def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
@@ -65,7 +65,7 @@ def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
     for store in (side, sync):
         store.map_new(pages)
     _write(sync, pages, kv)
-    side.page_table.note_written(_slots(pages))  # sealed, but its bytes come late:
+    side.page_table.note_written(side.page_table.hot_slots(_slots(pages)))  # sealed, but its bytes come late:
     real = side.conversion_stream.launch
 
     def launch_behind_late_writes(copy):
@@ -220,35 +220,36 @@ def _tick_behind_a_slowed_extend(note_fill_first: bool):
     (``MinimaAttnBackend._snapshot_prefill_shared_reads``): the schedule stream waits for the plan's
     event only, then ticks while the slowed extend still writes. The extend finishes page 4 (its first
     half was written by an earlier step) and writes page 5; pages 1-3 are sealed Stale pages, page 4
-    turns Stale once full (one Recent page). Returns the store, the controller, page 4's bytes as the
-    extend writes them, and the pages' formats right after the early tick."""
+    turns Stale once full (one Recent page). Returns the store, the controller and the pages."""
     from sglang_minima.config import MinimaConfig
     from sglang_minima.mem_cache.controller import LifecycleController
 
     store = _store()
+    zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+    store.kernels.encode(zero, zero)  # loaded now: a kernel's first launch (CUDA's lazy loading) waits for the device
     ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0, anchor_pages=0, retier_batch_pages=8))
     pages = torch.arange(1, 6, device="cuda")
     store.map_new(pages)
     kv = _kv(5, 7)
     _write(store, pages, kv, tokens=3 * PS + PS // 2)  # earlier steps: pages 1-3 and half of page 4
+    torch.cuda.synchronize()
     fwd, plan_done = torch.cuda.Stream(), torch.cuda.Event()
     fwd.wait_stream(torch.cuda.current_stream())
     slots = _slots(pages)[3 * PS + PS // 2 : 4 * PS + 3]  # the extend's new tokens
     with torch.cuda.stream(fwd):
+        hot = store.page_table.hot_slots(slots)  # the plan's write slots (MinimaKVPool.prepare_write)
         plan_done.record(fwd)  # the read-done event SGLang records after the plan
         if note_fill_first:  # a fill raised before the layers' writes: what the last-layer order prevents
-            store.page_table.note_written(slots)
+            store.page_table.note_written(hot)
         torch.cuda._sleep(SLEEP)  # the extend's layers
-        hot = store.page_table.hot_slots(slots)
         for layer in range(LAYERS):
             store.hot_k[layer][hot] = fp8_quantize(kv[0, layer, 3 * PS + PS // 2 : 4 * PS + 3]).view(torch.uint8)
             store.hot_v[layer][hot] = fp8_quantize(kv[1, layer, 3 * PS + PS // 2 : 4 * PS + 3]).view(torch.uint8)
-        store.page_table.note_written(slots)  # after the last layer's write (MinimaKVPool.set_kv_buffer)
+        store.page_table.note_written(hot)  # after the last layer's write (MinimaKVPool.set_kv_buffer)
     torch.cuda.current_stream().wait_event(plan_done)  # _apply_war_barrier at PRE_REPLAY
     ctl.tick([pages])
-    early = store.page_table.fmt[pages].tolist()
     torch.cuda.synchronize()
-    return store, ctl, pages, early
+    return store, ctl, pages
 
 
 def _page4_bytes_as_written_whole(pages):
@@ -266,9 +267,9 @@ def _page4_bytes(store, pages):
 
 
 def test_a_tick_behind_an_extends_plan_converts_no_page_the_extend_still_writes():
-    store, ctl, pages, early = _tick_behind_a_slowed_extend(note_fill_first=False)
-    assert early[3] == FMT_HOT  # the early tick read page 4's fill from before the extend's last layer
+    store, ctl, pages = _tick_behind_a_slowed_extend(note_fill_first=False)
     store.publish_conversions(wait=True)
+    # the early tick read page 4's fill from before the extend's last layer: 1-3 converted, 4 left hot
     assert store.page_table.fmt[pages].tolist() == [FMT_TQ3, FMT_TQ3, FMT_TQ3, FMT_HOT, FMT_HOT]
     ctl.tick([pages])  # the next tick, the extend done: page 4 is sealed now
     store.publish_conversions(wait=True)
@@ -281,7 +282,7 @@ def test_a_tick_behind_an_extends_plan_converts_no_page_the_extend_still_writes(
 def test_a_fill_raised_before_the_writes_converts_a_half_written_page():
     """The test above can fail: had the extend raised page 4's fill before its layers wrote it, the
     early tick would convert page 4 from its first half."""
-    store, _, pages, _ = _tick_behind_a_slowed_extend(note_fill_first=True)
+    store, _, pages = _tick_behind_a_slowed_extend(note_fill_first=True)
     store.publish_conversions(wait=True)
     assert store.page_table.fmt[pages[3]].item() == FMT_TQ3
     got, want = _page4_bytes(store, pages), _page4_bytes_as_written_whole(pages)

@@ -61,8 +61,8 @@ def make_store(
 
 def write_tokens(store: TieredPageStore, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """What MinimaKVPool.set_kv_buffer does for every layer: logical slots -> hot slots, FP8 cast."""
-    store.page_table.note_written(slots)
     hot = store.page_table.hot_slots(slots)
+    store.page_table.note_written(hot)
     for layer in range(store.shape.num_layers):
         for buf, x in ((store.hot_k, k[layer]), (store.hot_v, v[layer])):
             buf[layer][hot] = fp8_quantize(x) if store.is_fp8 else x.to(buf[layer].dtype)

@@ -91,7 +91,7 @@ def _check_same_bytes(shape, kern, ref, device):
     slots = torch.arange(page_size, 11 * page_size, device=device)
     for store in (kern, ref):
         store.map_new(pages)
-        store.page_table.note_written(slots)  # every page sealed
+        store.page_table.note_written(store.page_table.hot_slots(slots))  # every page sealed
     hot = kern.page_table.hot_slots(slots)
     for layer in range(shape.num_layers):
         scales = (0.37 + 0.1 * layer, 0.29)  # non-powers of two: the dequant multiply rounds
@@ -138,7 +138,7 @@ def test_a_kernel_conversion_that_raises_leaves_every_page_in_its_format(monkeyp
         kern.kernels = kernel_conversions.KernelConversions(kern)
     pages = torch.arange(1, 5, device=device)
     kern.map_new(pages)
-    kern.page_table.note_written(torch.arange(64, 5 * 64, device=device))
+    kern.page_table.note_written(kern.page_table.hot_slots(torch.arange(64, 5 * 64, device=device)))
     fmt, phys = kern.page_table.fmt.clone(), kern.page_table.phys.clone()
     hot_free, tq3_free = kern.hot_pool.num_free, kern.tq3_pool.num_free
     real, calls = kern.kernels.kernels.fp8_to_tq3, []

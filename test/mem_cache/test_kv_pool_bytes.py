@@ -102,6 +102,28 @@ def test_a_forward_translates_its_slots_once_and_again_after_a_mapping_change(mo
     assert len(calls) == 5
 
 
+def test_slots_translated_at_the_plan_are_the_layers_and_the_fill_goes_to_their_physical_pages(monkeypatch):
+    """``prepare_write`` (the minima backend's plan, before SGLang's read-done event): no layer reads
+    the page table again, and the last layer notes the fill of the physical pages it wrote. A plan
+    that does not prepare (None) leaves the first layer to translate."""
+    pool, allocator = _cpu_pool(monkeypatch, layers=3)
+    translate = pool.page_table.hot_slots
+    calls = []
+    monkeypatch.setattr(pool.page_table, "hot_slots", lambda slots: calls.append(slots) or translate(slots))
+    loc = allocator.alloc(2 * PS)[: PS + 5]
+    pool.prepare_write(loc)
+    assert len(calls) == 1
+    k = torch.randn(loc.numel(), H, D).to(torch.bfloat16)
+    for layer_id in range(3):
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
+    assert len(calls) == 1  # the layers wrote the plan's slots
+    hot = translate(loc)
+    assert pool.page_table.hot_fill[hot[[0, -1]] // PS].tolist() == [PS, 5]
+    pool.prepare_write(None)
+    pool.set_kv_buffer(SimpleNamespace(layer_id=0), KVWriteLoc(loc), k.clone(), k.clone())
+    assert len(calls) == 2  # prepare_write(None) translated nothing; the first layer did
+
+
 def test_a_fresh_view_of_the_same_slots_per_layer_is_translated_once(monkeypatch):
     """SGLang's breakable prefill graphs give every layer's attention a new slice of one slots buffer
     (attention_input_scope: ``out_cache_loc[:n]``): the pool's cache must see the same slots, not a

@@ -60,6 +60,7 @@ class MinimaKVPool(MHATokenToKVPool):
         self.minima_config: MinimaConfig = resolve_config()
         hot_dtype = torch.float8_e4m3fn if self.minima_config.hot_dtype == "fp8_e4m3" else dtype
         self._write_slots: tuple | None = None  # set_kv_buffer's (logical slots, their versions, hot slots)
+        self._write_prepared = False  # the backend translated them at its plan (prepare_write)
         super().__init__(size, page_size, hot_dtype, *args, **kwargs)
 
     def _create_buffers(self) -> None:
@@ -124,17 +125,18 @@ class MinimaKVPool(MHATokenToKVPool):
         if v_scale is not None:
             self.store.v_scales[local] = float(v_scale)
         with torch.profiler.record_function("minima.kv_write"):
-            # One translation per forward (its first layer's write): every layer writes the same slots
-            # and the mapping does not change within a forward (it would bump the store's version).
-            # Keyed on the slots' memory, not the tensor object: SGLang's breakable prefill graphs
-            # hand each layer a fresh slice of one buffer (attention_input_scope; a translation per
-            # layer on the H200, 2026-12-03). The version counter, shared by every view of a buffer,
-            # catches it refilled in place; the cache holds the tensor, so its memory is not reused.
-            # The first layer always translates: a forward that ended before its last write (an error)
-            # leaves nothing behind for the next one, whatever refilled the buffer meanwhile.
-            key = (self.store.version, loc.data_ptr(), loc.shape, loc.stride(), loc.dtype, loc._version)
-            cached = self._write_slots
-            if cached is None or local == 0 or cached[1] != key:
+            # One translation per forward: every layer writes the same slots and the mapping does not
+            # change within a forward (it would bump the store's version). Keyed on the slots' memory,
+            # not the tensor object: SGLang's breakable prefill graphs hand each layer a fresh slice of
+            # one buffer (attention_input_scope; a translation per layer on the H200, 2026-12-03). The
+            # version counter, shared by every view of a buffer, catches it refilled in place; the
+            # cache holds the tensor, so its memory is not reused. The first layer translates unless
+            # the backend did at its plan (``prepare_write``): a forward that ended before its last
+            # write (an error) leaves nothing behind for the next one.
+            key = self._write_key(loc)
+            cached, prepared = self._write_slots, self._write_prepared
+            self._write_prepared = False
+            if cached is None or (local == 0 and not prepared) or cached[1] != key:
                 cached = self._write_slots = (loc, key, self.store.page_table.hot_slots(loc))
             super().set_kv_buffer(layer, cached[2], cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
             if local == self.layer_num - 1:
@@ -142,8 +144,21 @@ class MinimaKVPool(MHATokenToKVPool):
                 # After the last layer's write, in the forward's stream order: a page reads as
                 # sealed (convertible) only once every layer of its tokens is written, so a
                 # conversion between steps never encodes a page a forward still in flight (the
-                # overlap scheduler's next batch) has written in its first layers only.
-                self.store.page_table.note_written(loc.to(torch.int64))
+                # overlap scheduler's next batch) has written in its first layers only. The fill
+                # of the physical pages written: see PageTable.hot_fill.
+                self.store.page_table.note_written(cached[2])
+
+    def _write_key(self, loc: torch.Tensor) -> tuple:
+        return (self.store.version, loc.data_ptr(), loc.shape, loc.stride(), loc.dtype, loc._version)
+
+    def prepare_write(self, loc: torch.Tensor | None) -> None:
+        """Translate the forward's write slots now, at the backend's plan (None: this forward's layers
+        translate them): a backend that declares its scheduler-shared reads done there
+        (``MinimaAttnBackend``: an extend's plan, a captured decode's in-graph metadata) reads the page
+        table no later, so a logical page SGLang frees and maps again while the forward runs is
+        written at the physical page it had."""
+        self._write_prepared = loc is not None
+        self._write_slots = None if loc is None else (loc, self._write_key(loc), self.store.page_table.hot_slots(loc))
 
     # ---------------------------------------------------------------- read interface
 

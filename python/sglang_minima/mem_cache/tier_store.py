@@ -189,7 +189,7 @@ class TieredPageStore:
         self.page_size = shape.page_size
         self.layout = shape.layout
         self.device = torch.device(device)
-        self.page_table = PageTable(shape.num_logical_pages, shape.page_size, self.device)
+        self.page_table = PageTable(shape.num_logical_pages, shape.page_size, self.device, shape.num_hot_pages)
         # SGLang's memory-pool debug switch: a page back on a free list is filled with NaN bytes, so a
         # forward that still reads it (a use after free) shows NaN.
         if debug_poison is None:

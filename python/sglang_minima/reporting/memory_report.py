@@ -107,7 +107,7 @@ def memory_report(store: TieredPageStore) -> MemoryReport:
     recent, anchor, stale_hot, mapped_hot, mapped_tq3, live_tokens = torch.stack([
         (is_hot & (pt.tier == TIER_RECENT)).sum(), (is_hot & (pt.tier == TIER_ANCHOR)).sum(),
         (is_hot & (pt.tier == TIER_STALE)).sum(), is_hot.sum(), (mapped & (pt.fmt == FMT_TQ3)).sum(),
-        torch.where(mapped, pt.fill, 0).sum(),
+        pt.fill.sum(),
     ]).tolist()
     layers = s.num_layers
     tiers = {

@@ -92,6 +92,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         self._planned = None  # planned at this step's first layer, once its shapes are known
         self._extend = None
         self._torch_layers = False
+        self.token_to_kv_pool.prepare_write(None)  # translated at the first layer, unless the plan below does
         mode = forward_batch.forward_mode
         extend = mode == ForwardMode.EXTEND or mode.is_mixed()
         if extend and not self._score_pages:
@@ -120,6 +121,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         every = torch.ones(plan.batch_size, dtype=torch.bool, device=plan.kv_lens.device)
         pool.note_read_on_device(plan.logical_pages, plan.token_counts(), every)
         pool.note_device_step()
+        pool.prepare_write(forward_batch.out_cache_loc)  # before the read-done event (PRE_REPLAY)
         self.forward_metadata = plan
         return True
 
@@ -128,11 +130,12 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         (its prefill read-done fast path): PRE_REPLAY where the kernels attend the step from the plan
         made above, so the schedule stream (SGLang's next batch, Minima's tick) waits for the plan,
         not the whole extend. After the plan the step reads the plan's own tensors and the pages it
-        names (the release quarantine keeps a freed one for two steps), and its KV write maps the
-        batch's own slots through the page table at its first layer: pages mapped before the step was
-        launched, whose mapping the tick never changes (it publishes and promotes sealed pages only).
-        The tick reads one thing the step writes: page fill, raised after the last layer's write; a
-        fill read before that leaves the page unsealed, converted at a later tick. UNKNOWN (the whole
+        names (the release quarantine keeps a freed one for two steps); its KV write slots were
+        translated at the plan too (``MinimaKVPool.prepare_write``), so a page SGLang frees and maps
+        again meanwhile (a chunked request's duplicate pages, an abort) is written at the physical page
+        the step planned, whose fill it raises (``PageTable.hot_fill``), not the new owner's. The tick
+        reads one thing the step writes: that fill, raised after the last layer's write; a fill read
+        before that leaves the page unsealed, converted at a later tick. UNKNOWN (the whole
         forward) where a layer may take the torch path, which plans at its layer: the step's split
         refused, or a layer of the last extend step took it (SGLang's warm-up is the first); and where
         the step collects page mass or scores for the tick to read."""
@@ -249,6 +252,7 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
             )
             rows = forward_batch.req_pool_indices != 0  # req_to_token row 0: SGLang's padding rows
             pool.note_read_on_device(plan.logical_pages, plan.token_counts(rows), rows)
+            pool.prepare_write(forward_batch.out_cache_loc)  # before the graph's marker (IN_REPLAY)
         self.forward_metadata = BatchedDecode(plan, None, None)
         self._planned = None  # bound to the wrapper at the first layer (each warm-up and the capture)
         if torch.cuda.is_current_stream_capturing():
