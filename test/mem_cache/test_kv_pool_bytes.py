@@ -102,26 +102,61 @@ def test_a_forward_translates_its_slots_once_and_again_after_a_mapping_change(mo
     assert len(calls) == 5
 
 
+def _scrambled(pool, allocator, n_pages: int) -> torch.Tensor:
+    """Slots of ``n_pages`` logical pages whose hot physical pages have other ids."""
+    allocator.free(allocator.alloc(3 * PS))  # their hot pages wait in the quarantine: the logical ids come back first
+    loc = allocator.alloc(n_pages * PS)
+    assert not torch.equal(pool.page_table.hot_slots(loc), loc)
+    return loc
+
+
 def test_slots_translated_at_the_plan_are_the_layers_and_the_fill_goes_to_their_physical_pages(monkeypatch):
     """``prepare_write`` (the minima backend's plan, before SGLang's read-done event): no layer reads
-    the page table again, and the last layer notes the fill of the physical pages it wrote. A plan
-    that does not prepare (None) leaves the first layer to translate."""
+    the page table again, even handed another tensor of the step's slots (a breakable prefill graph's
+    copy), and the last layer notes the fill of the physical pages it wrote. A plan that does not
+    prepare (None) leaves the first layer to translate."""
     pool, allocator = _cpu_pool(monkeypatch, layers=3)
+    loc = _scrambled(pool, allocator, 2)[: PS + 5]
     translate = pool.page_table.hot_slots
     calls = []
     monkeypatch.setattr(pool.page_table, "hot_slots", lambda slots: calls.append(slots) or translate(slots))
-    loc = allocator.alloc(2 * PS)[: PS + 5]
     pool.prepare_write(loc)
     assert len(calls) == 1
     k = torch.randn(loc.numel(), H, D).to(torch.bfloat16)
     for layer_id in range(3):
-        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc.clone()), k.clone(), k.clone())
     assert len(calls) == 1  # the layers wrote the plan's slots
     hot = translate(loc)
     assert pool.page_table.hot_fill[hot[[0, -1]] // PS].tolist() == [PS, 5]
+    assert pool.page_table.fill[loc[[0, -1]] // PS].tolist() == [PS, 5]
     pool.prepare_write(None)
     pool.set_kv_buffer(SimpleNamespace(layer_id=0), KVWriteLoc(loc), k.clone(), k.clone())
     assert len(calls) == 2  # prepare_write(None) translated nothing; the first layer did
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_page_freed_and_mapped_again_while_its_forward_runs(monkeypatch, planned):
+    """The overlap scheduler, in host order: a forward's plan translates its slots, SGLang then frees
+    its page and maps it again for the next batch (a new hot page: the old one waits in the release
+    quarantine), then the forward's layers write. With the plan's translation (``planned``) they write
+    the old physical page and the new owner's page stays empty and unsealed; translated at the first
+    layer, they write into the new owner's page and seal it: what ``prepare_write`` prevents."""
+    pool, allocator = _cpu_pool(monkeypatch, layers=2)
+    loc = _scrambled(pool, allocator, 1)
+    page = loc[:1] // PS
+    old = pool.page_table.phys[page].clone()
+    pool.prepare_write(loc if planned else None)
+    pool.store.unmap(page)
+    pool.store.map_new(page)
+    new = pool.page_table.phys[page].clone()
+    assert not torch.equal(new, old)
+    k = torch.randn(loc.numel(), H, D).to(torch.bfloat16) + 1
+    for layer_id in range(2):
+        pool.set_kv_buffer(SimpleNamespace(layer_id=layer_id), KVWriteLoc(loc), k.clone(), k.clone())
+    new_rows = (new.long() * PS + torch.arange(PS))
+    assert bool(pool.page_table.sealed[page]) is not planned
+    assert bool((pool.hot_k_buffer(0)[new_rows] == 0).all()) is planned  # the new page: written or not
+    assert int(pool.page_table.hot_fill[old.long()]) == (PS if planned else 0)
 
 
 def test_a_fresh_view_of_the_same_slots_per_layer_is_translated_once(monkeypatch):

@@ -28,6 +28,7 @@ Read interface for attention backends (stable):
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -50,6 +51,8 @@ from sglang_minima.mem_cache.tier_store import (
     split_pages,
 )
 from sglang_minima.selection import resolve_config
+
+logger = logging.getLogger(__name__)
 
 
 class MinimaKVPool(MHATokenToKVPool):
@@ -130,17 +133,24 @@ class MinimaKVPool(MHATokenToKVPool):
             # not the tensor object: SGLang's breakable prefill graphs hand each layer a fresh slice of
             # one buffer (attention_input_scope; a translation per layer on the H200, 2026-12-03). The
             # version counter, shared by every view of a buffer, catches it refilled in place; the
-            # cache holds the tensor, so its memory is not reused. The first layer translates unless
-            # the backend did at its plan (``prepare_write``): a forward that ended before its last
-            # write (an error) leaves nothing behind for the next one.
-            key = self._write_key(loc)
-            cached, prepared = self._write_slots, self._write_prepared
-            self._write_prepared = False
-            if cached is None or (local == 0 and not prepared) or cached[1] != key:
+            # cache holds the tensor, so its memory is not reused. The first layer translates (a
+            # forward that ended before its last write, an error, leaves nothing behind for the next
+            # one) unless the backend did at its plan (``prepare_write``): then every layer writes the
+            # plan's translation, whatever view of the step's slots it is handed (a breakable prefill
+            # graph's layers get the graph's copy of them), and none reads the page table.
+            cached, key = self._write_slots, self._write_key(loc)
+            if self._write_prepared and cached is not None and cached[0].numel() == loc.numel():
+                pass
+            elif cached is None or local == 0 or cached[1] != key:
+                if self._write_prepared:  # a layer writing other slots than its plan translated
+                    logger.warning("minima: a layer writes %d slots, its plan translated %d: translated again",
+                                   loc.numel(), cached[0].numel() if cached is not None else 0)
+                    self._write_prepared = False
                 cached = self._write_slots = (loc, key, self.store.page_table.hot_slots(loc))
             super().set_kv_buffer(layer, cached[2], cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
             if local == self.layer_num - 1:
                 self._write_slots = None  # the forward's last write: nothing keeps its slots alive
+                self._write_prepared = False
                 # After the last layer's write, in the forward's stream order: a page reads as
                 # sealed (convertible) only once every layer of its tokens is written, so a
                 # conversion between steps never encodes a page a forward still in flight (the
