@@ -139,9 +139,8 @@ class MinimaKVPool(MHATokenToKVPool):
             # plan's translation, whatever view of the step's slots it is handed (a breakable prefill
             # graph's layers get the graph's copy of them), and none reads the page table.
             cached, key = self._write_slots, self._write_key(loc)
-            if self._write_prepared and cached is not None and cached[0].numel() == loc.numel():
-                pass  # the plan's translation, made before the barrier
-            elif cached is None or local == 0 or cached[1] != key:
+            planned = self._write_prepared and cached is not None and cached[0].numel() == loc.numel()
+            if not planned and (cached is None or local == 0 or cached[1] != key):
                 if self._write_prepared:  # a layer writing other slots than its plan translated
                     logger.warning("minima: a layer writes %d slots, its plan translated %d: translated again",
                                    loc.numel(), cached[0].numel() if cached is not None else 0)

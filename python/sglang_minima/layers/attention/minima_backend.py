@@ -136,10 +136,10 @@ class MinimaAttnBackend(MinimaNativeAttnBackend):
         the step planned, whose fill it raises (``PageTable.hot_fill``), not the new owner's. The tick
         reads one thing the step writes: that fill, raised after the last layer's write; a fill read
         before that leaves the page unsealed, converted at a later tick. UNKNOWN (the whole
-        forward) where a layer may take the torch path, which plans at its layer: the step's split
-        refused, or a layer of the last extend step took it (SGLang's warm-up is the first); and where
-        the step collects page mass or scores for the tick to read."""
-        if self._extend is None or not self._kernel_extends or self._score_pages or self._window:
+        forward) where a layer may take the torch path, which plans at its layer: no split this step
+        (score Anchors, or the split refused), or a layer of the last extend step took it (SGLang's
+        warm-up is the first); and with the observation window, whose mass the tick reads."""
+        if self._extend is None or not self._kernel_extends or self._window:
             return SharedReadEnds.UNKNOWN
         return SharedReadEnds.PRE_REPLAY
 
