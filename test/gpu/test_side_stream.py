@@ -49,6 +49,22 @@ def _write(store, pages, kv, tokens=None):
     store.page_table.note_written(hot)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _modules_loaded():
+    """Every kernel these tests launch, launched once before any of them slows a stream. A kernel's
+    first launch in a process loads its module (CUDA's lazy loading, torch's default), which waits for
+    the whole device, the slowed stream's sleep included: the test then finds the slowed work done.
+    Under pytest-xdist a test may be its worker's first (2026-12-06 on an H100, ``-n 10``: three
+    tests found their slowed extend or conversion done before their first check)."""
+    store, _, pages = _tick_behind_a_slowed_extend(note_fill_first=False, sleep=0)  # writes, a tick, a retier
+    store.publish_conversions(wait=True)
+    store.end_step()
+    store.end_step()
+    store.promote(pages[:1])
+    store.publish_conversions(wait=True)
+    torch.cuda.synchronize()
+
+
 def test_side_stream_conversions_write_the_synchronous_bytes(monkeypatch):
     side, sync = _store(), _store(conversion_stream=ConversionStream())  # sync: the current stream, at once
     assert isinstance(side.conversion_stream, CudaConversionStream) and side.kernels is not None
@@ -199,6 +215,8 @@ def test_a_decode_step_has_no_host_sync_while_conversions_are_pending(monkeypatc
         return torch.stack(out)
 
     before = decode_step()  # builds the kernels (host work allowed here)
+    zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+    store.kernels.encode(zero, zero)  # loaded now (padding page 0): see _modules_loaded
     real = store.conversion_stream.launch
     monkeypatch.setattr(store.conversion_stream, "launch", lambda copy: real(lambda: (torch.cuda._sleep(SLEEP), copy())))
     assert store.retier(torch.tensor([1, 2, 5, 6], device="cuda")) == 4
@@ -215,7 +233,7 @@ def test_a_decode_step_has_no_host_sync_while_conversions_are_pending(monkeypatc
     assert torch.isfinite(decode_step()).all()
 
 
-def _tick_behind_a_slowed_extend(note_fill_first: bool):
+def _tick_behind_a_slowed_extend(note_fill_first: bool, sleep: int = SLEEP):
     """SGLang's overlap scheduler with an extend that declares its shared reads done at its plan
     (``MinimaAttnBackend._snapshot_prefill_shared_reads``): the schedule stream waits for the plan's
     event only, then ticks while the slowed extend still writes. The extend finishes page 4 (its first
@@ -241,7 +259,7 @@ def _tick_behind_a_slowed_extend(note_fill_first: bool):
         plan_done.record(fwd)  # the read-done event SGLang records after the plan
         if note_fill_first:  # a fill raised before the layers' writes: what the last-layer order prevents
             store.page_table.note_written(hot)
-        torch.cuda._sleep(SLEEP)  # the extend's layers
+        torch.cuda._sleep(sleep)  # the extend's layers
         for layer in range(LAYERS):
             store.hot_k[layer][hot] = fp8_quantize(kv[0, layer, 3 * PS + PS // 2 : 4 * PS + 3]).view(torch.uint8)
             store.hot_v[layer][hot] = fp8_quantize(kv[1, layer, 3 * PS + PS // 2 : 4 * PS + 3]).view(torch.uint8)
