@@ -20,6 +20,8 @@ Arms (``--arms``):
                 instead of converting a live request's sink or Recent pages)
   minima-coarse Minima's defaults with SGLang's prefill read-done fast path off (the overlap scheduler
                 waits for every extend's whole forward before Minima's tick: the barrier before 2026-12-06)
+  minima-pbatch Minima's defaults with --minima-pressure-batch-pages 64 (an allocation short of FP8 pages
+                converts Stale and cached pages ahead, at its one device sync)
 
 Workloads (``--dataset``): ``gsp`` is bench_serving's generated-shared-prefix (``--num-groups``
 groups of ``--prompts-per-group`` prompts sharing a ``--system-prompt-len`` system prompt); ``random``
@@ -219,6 +221,9 @@ def arms(device: str, lean_fraction: float) -> dict[str, Arm]:
         # its plan (MinimaAttnBackend._snapshot_prefill_shared_reads): what that declaration gives
         "minima-coarse": Arm("minima-coarse", "sglang_minima.launch_server", known["minima"].flags,
                              {"SGLANG_ENABLE_PREFILL_WAR_READ_DONE": "0"}),
+        # the pressure path converting ahead (one launch's worth), so fewer allocations wait on the device
+        "minima-pbatch": Arm("minima-pbatch", "sglang_minima.launch_server",
+                             known["minima"].flags + ["--minima-pressure-batch-pages", "64"]),
     }
     if device != "cpu":
         chosen["sglang-fp8"] = known["sglang-fp8"]

@@ -73,6 +73,12 @@ class MinimaConfig:
         "that is more (conversions keep pace with a wave of prompts), launched this many at a time; pages "
         "promoted back: at most this many.",
     )
+    pressure_batch_pages: int = _option(
+        0,
+        "Pages an allocation that finds no free FP8 page converts at its device sync: its shortfall, in the "
+        "pressure order, and up to this many in all from Stale pages and cached pages no live request holds, "
+        "so that the allocations after it find free pages without another sync. 0: the shortfall only.",
+    )
     tick_min_new_pages: int = _option(
         1,
         "Pages the live requests must have added since the last lifecycle tick (classification, conversions, "
@@ -121,8 +127,8 @@ class MinimaConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "tick_min_new_pages",
-                     "rotation_seed", "anchor_window"):
+        for name in ("recent_pages", "sink_pages", "anchor_pages", "retier_batch_pages", "pressure_batch_pages",
+                     "tick_min_new_pages", "rotation_seed", "anchor_window"):
             value, top = getattr(self, name), MAX_SEED if name == "rotation_seed" else MAX_PAGES
             if not 0 <= value <= top:
                 raise ValueError(f"{flag_name(name)} must be in [0, {top}], got {value}")

@@ -117,10 +117,12 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert per["minima-lean"] < per["minima"]
     assert per["minima-lean-strict"] == per["minima-lean"]  # strict admission: the same bytes, prompts wait
     assert per["minima-coarse"] == per["minima"]  # the same server, SGLang's barrier at the whole extend
+    assert per["minima-pbatch"] == per["minima"]  # the same pool, the pressure path converting ahead
     # what each server keeps beside its pool, in the budget: Minima's prefill tile on `minima` (8 heads x
     # 16,384 tokens x 128 x 4 bytes), nothing for SGLang's arms, minima_native or the CPU
     reserve = got["reserve"]
-    minima_arms = {"minima", "minima-fp8", "minima-nodefer", "minima-lean", "minima-lean-strict", "minima-coarse"}
+    minima_arms = {"minima", "minima-fp8", "minima-nodefer", "minima-lean", "minima-lean-strict", "minima-coarse",
+                   "minima-pbatch"}
     assert {name: reserve[name] for name in minima_arms} == dict.fromkeys(minima_arms, 64 * 2**20)
     assert reserve["sglang-fp8"] == reserve["sglang"] == 0
     assert reserve["minima on minima_native"] == reserve["minima on cpu"] == 0

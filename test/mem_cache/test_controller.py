@@ -192,6 +192,28 @@ def test_pressure_converts_cached_then_anchor_then_recent_never_the_tail():
     assert store.stats.allocation_syncs == 3
 
 
+@pytest.mark.parametrize("batch, syncs", [(0, 2), (4, 1), (10, 1)])
+def test_a_pressure_batch_converts_stale_and_cached_pages_ahead_at_one_sync(batch, syncs):
+    """--minima-pressure-batch-pages: the allocation short of one page converts the Stale page and, up to
+    the batch, the cached ones at the same sync, so the next allocation finds free pages; never a live
+    request's Anchor (the sink) or Recent page beyond the shortfall, whatever the batch."""
+    store = make_store(num_logical=16, num_hot=7)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, pressure_batch_pages=batch))
+    cached = _request(store, [1, 2, 3])  # held by the tree only
+    seq = _request(store, [4, 5, 6], tokens=3 * PS - 1)  # sink, Stale, Recent (being written)
+    store.page_table.tier.copy_(ctl.classify([seq]))  # classification without the tick's conversions
+    assert store.hot_pool.num_free == 1
+    assert ctl.reserve_hot(2)
+    ahead = batch > 0
+    assert store.page_table.fmt[cached].tolist() == [FMT_TQ3 if ahead else FMT_HOT] * 3
+    assert store.page_table.fmt[seq].tolist() == [FMT_HOT, FMT_TQ3, FMT_HOT]
+    assert ctl.reserve_hot(5)  # the batch left it free pages: no sync
+    assert store.page_table.fmt[cached].tolist() == [FMT_TQ3] * 3 and store.page_table.fmt[seq][0] == FMT_HOT
+    assert store.stats.allocation_syncs == syncs
+    assert store.stats.pressure_retier_tiers == {"stale": 1, "cached": 3, "deferred": 0, "anchor": 0, "recent": 0}
+    assert store.reference_mismatches() == 0
+
+
 def test_an_allocation_counts_the_device_syncs_it_waits_on():
     store = make_store(num_logical=16, num_hot=4)
     ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0))

@@ -61,8 +61,9 @@ class Lifecycle(RuleBasedStateMachine):
     pressure_orders_checked = 0  # pressure conversions that left some convertible pages hot (order checked)
 
     @initialize(anchors=st.integers(0, 3), fill=st.sampled_from(["age", "score", "window"]), hold=st.booleans(),
-                tick_pages=st.sampled_from([1, 3]), defer=st.booleans(), strict=st.booleans())
-    def setup(self, anchors, fill, hold=False, tick_pages=1, defer=True, strict=False):
+                tick_pages=st.sampled_from([1, 3]), defer=st.booleans(), strict=st.booleans(),
+                pressure_batch=st.sampled_from([0, 4]))
+    def setup(self, anchors, fill, hold=False, tick_pages=1, defer=True, strict=False, pressure_batch=0):
         self.stream = HeldConversionStream(hold)  # hold: conversions stay pending until copies_finish
         self.store = make_store(NUM_LOGICAL, NUM_HOT, stream=self.stream)
         # Forwards in flight, by the (format, physical page, logical page) they read: those planned
@@ -83,7 +84,7 @@ class Lifecycle(RuleBasedStateMachine):
             MinimaConfig(recent_pages=2, sink_pages=1, anchor_pages=anchors, attention_score_anchors=fill == "score",
                          anchor_window=PS if fill == "window" and anchors else 0,
                          retier_batch_pages=3, tick_min_new_pages=tick_pages, defer_prefill_conversion=defer,
-                         strict_hot_admission=strict),
+                         strict_hot_admission=strict, pressure_batch_pages=pressure_batch),
         )
         self.free_logical = list(range(1, NUM_LOGICAL + 1))
         self.reqs: dict[int, Request] = {}

@@ -38,6 +38,8 @@ _TIER_STRIDE = 1 << 40  # sort key tier * stride + birth step: tiers first, then
 # The pressure path's order: each tier's place in PRESSURE_TIERS (whose names are the tiers', and
 # "deferred": Stale pages the deferral keeps hot)
 _PRESSURE_INDEX = torch.tensor([PRESSURE_TIERS.index(TIER_NAMES[t]) for t in range(len(TIER_NAMES))])
+# Pressure tiers before it: Stale pages the tick converts anyway and cached pages no live request holds
+_DEFERRED_INDEX = PRESSURE_TIERS.index("deferred")
 
 
 class LifecycleController:
@@ -238,7 +240,9 @@ class LifecycleController:
 
         First the pending conversions and the quarantine: an allocation runs between forwards, so
         after a device sync no copy runs and no forward reads a freed page. Then pressure: convert sealed hot pages, Stale
-        first, then cached, then the deferral's Stale pages, then Anchor, then Recent, oldest first.
+        first, then cached, then the deferral's Stale pages, then Anchor, then Recent, oldest first:
+        the shortfall, and up to ``pressure_batch_pages`` in all from Stale and cached pages, published
+        at this call's sync so that the allocations after it need none.
         """
         store = self.store
         short = num_pages - store.hot_pool.num_free
@@ -248,7 +252,10 @@ class LifecycleController:
         short = num_pages - store.hot_pool.num_free
         if short > 0 and not self.config.disable_stale:
             pages, tiers = self._pressure_order(store.hot_convertible())
-            converted = store.retier(pages[:short])  # after the drain every one is convertible: a prefix converts
+            take = short
+            if self.config.pressure_batch_pages > short:  # the order's first pages: Stale, then cached
+                take = max(short, min(self.config.pressure_batch_pages, int((tiers < _DEFERRED_INDEX).sum())))
+            converted = store.retier(pages[:take])  # after the drain every one is convertible: a prefix converts
             counts = torch.bincount(tiers[:converted], minlength=len(PRESSURE_TIERS)).tolist()
             store.stats.note_pressure(dict(zip(PRESSURE_TIERS, counts)))
             self._drain()  # publishes it and frees its sources, now (a second device sync)
