@@ -76,8 +76,9 @@ class MinimaConfig:
     pressure_batch_pages: int = _option(
         0,
         "Pages an allocation that finds no free FP8 page converts at its device sync: its shortfall, in the "
-        "pressure order, and up to this many in all from Stale pages and cached pages no live request holds, "
-        "so that the allocations after it find free pages without another sync. 0: the shortfall only.",
+        "pressure order, and up to this many in all from Stale pages and cached pages (not a prefix matched "
+        "since the last tick), so that the allocations after it find free pages without another sync. "
+        "0: the shortfall only.",
     )
     tick_min_new_pages: int = _option(
         1,

@@ -214,6 +214,40 @@ def test_a_pressure_batch_converts_stale_and_cached_pages_ahead_at_one_sync(batc
     assert store.reference_mismatches() == 0
 
 
+@pytest.mark.parametrize("matched", [True, False])
+def test_a_pressure_batch_leaves_deferred_pages_and_a_just_matched_prefix(matched):
+    """The batch takes cached pages only where no request matched them since the last tick (one admitted
+    since would read them before its pages are classified), and never the deferral's pages."""
+    store = make_store(num_logical=20, num_hot=9)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, defer_prefill_conversion=True,
+                                                  pressure_batch_pages=8))
+    cached = _request(store, [1, 2, 3])  # held by the tree only
+    chunked = _request(store, [4, 5, 6, 7])  # between two chunks of its prefill: 5 and 6 deferred
+    decoding = _request(store, [8, 9])
+    ctl.tick([chunked, decoding], prefilling=[True, False])
+    assert store.hot_pool.num_free == 0 and not store.conversions_pending
+    if matched:
+        ctl.note_matched(torch.tensor([3]))  # a new request's prefix hit, before the next tick
+    assert ctl.reserve_hot(1)
+    assert store.page_table.fmt[cached].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT if matched else FMT_TQ3]
+    assert store.page_table.fmt[chunked].tolist() == [FMT_HOT] * 4 and store.page_table.fmt[decoding].tolist() == [FMT_HOT] * 2
+    assert store.stats.pressure_retier_tiers["cached"] == (2 if matched else 3) and store.stats.allocation_syncs == 1
+    if matched:
+        ctl.tick([chunked, decoding], prefilling=[True, False])  # the match is classified (or gone) now
+        assert not ctl._matched.any()
+
+
+def test_a_pressure_batch_takes_no_more_than_the_free_tq3_pages():
+    store = make_store(num_logical=10, num_hot=7)  # 3 TQ3 pages
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, pressure_batch_pages=10))
+    cached = _request(store, [1, 2, 3])
+    seq = _request(store, [4, 5, 6], tokens=3 * PS - 1)
+    store.page_table.tier.copy_(ctl.classify([seq]))
+    assert ctl.reserve_hot(2)
+    assert store.page_table.fmt[cached].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT]  # the Stale page 5 and two more
+    assert store.stats.retier.no_room_pages == 0  # nothing asked for that could not convert
+
+
 def test_an_allocation_counts_the_device_syncs_it_waits_on():
     store = make_store(num_logical=16, num_hot=4)
     ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=0))

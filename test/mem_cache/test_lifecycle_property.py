@@ -165,6 +165,7 @@ class Lifecycle(RuleBasedStateMachine):
             req.k += list(k.unbind(1))
             req.v += list(v.unbind(1))
         self.store.stats.prefix_hit_tq3_pages += int((self.store.page_table.fmt[pages[:take]] == FMT_TQ3).sum())
+        self.ctl.note_matched(torch.tensor(pages[:take]))  # MinimaRadixCache.match_prefix's note
         self.reqs[self.next_id] = req
         self.next_id += 1
 

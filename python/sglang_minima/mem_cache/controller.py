@@ -54,6 +54,9 @@ class LifecycleController:
         self._new_pins: list[torch.Tensor] = []  # this tick's picks, counted in the tick's one device read
         self._deferred: torch.Tensor | None = None  # bool by logical page: the last tick's deferred pages
         self._mapped_at_tick = 0  # the store's mapped_pages at the last tick
+        # pressure_batch_pages: bool by logical page, prefixes matched since the last tick (a request about to
+        # read them, its tiers not classified yet): the batch converts none of them ahead
+        self._matched: torch.Tensor | None = None
 
     def settled(self, key: Hashable) -> bool:
         """True if a tick now would do nothing: the last tick with this ``key`` (the caller's summary
@@ -123,6 +126,15 @@ class LifecycleController:
         labels.scatter_reduce_(0, pages, tier.to(labels.dtype), reduce="amax")
         return labels
 
+    def note_matched(self, pages: torch.Tensor) -> None:
+        """Logical pages of a prefix the radix cache just matched for a request (``match_prefix``): until
+        the next tick classifies the request's pages they read as cached; the pressure batch leaves them."""
+        if not self.config.pressure_batch_pages or not pages.numel():
+            return
+        if self._matched is None:
+            self._matched = torch.zeros_like(self.store.page_table.mapped)
+        self._matched[pages.to(device=self._matched.device, dtype=torch.int64)] = True
+
     def tick(self, sequences: Sequence[torch.Tensor], prefilling: Sequence[bool] = (), key: Hashable = None,
              requests: Sequence[Hashable] = (), window_ready: Sequence[bool] = ()) -> None:
         """Between steps: classify, retier one batch, promote what fits beside the decode reserve.
@@ -136,6 +148,8 @@ class LifecycleController:
         store, pt, p = self.store, self.store.page_table, self.config
         self._settled = None
         store.stats.lifecycle_ticks += 1
+        if self._matched is not None:  # the matched requests' pages are classified now (if admitted)
+            self._matched.zero_()
         store.publish_conversions()  # those whose copy is done (no wait)
         in_prefill = list(prefilling) or [False] * len(sequences)
         ready = list(window_ready) or [True] * len(sequences)
@@ -241,8 +255,8 @@ class LifecycleController:
         First the pending conversions and the quarantine: an allocation runs between forwards, so
         after a device sync no copy runs and no forward reads a freed page. Then pressure: convert sealed hot pages, Stale
         first, then cached, then the deferral's Stale pages, then Anchor, then Recent, oldest first:
-        the shortfall, and up to ``pressure_batch_pages`` in all from Stale and cached pages, published
-        at this call's sync so that the allocations after it need none.
+        the shortfall, and with ``pressure_batch_pages`` more Stale and cached pages (``_with_batch``),
+        published at this call's sync so that the allocations after it need none.
         """
         store = self.store
         short = num_pages - store.hot_pool.num_free
@@ -252,14 +266,25 @@ class LifecycleController:
         short = num_pages - store.hot_pool.num_free
         if short > 0 and not self.config.disable_stale:
             pages, tiers = self._pressure_order(store.hot_convertible())
-            take = short
-            if self.config.pressure_batch_pages > short:  # the order's first pages: Stale, then cached
-                take = max(short, min(self.config.pressure_batch_pages, int((tiers < _DEFERRED_INDEX).sum())))
-            converted = store.retier(pages[:take])  # after the drain every one is convertible: a prefix converts
+            pages, tiers = self._with_batch(pages, tiers, short)
+            converted = store.retier(pages)  # after the drain every one is convertible: a prefix converts
             counts = torch.bincount(tiers[:converted], minlength=len(PRESSURE_TIERS)).tolist()
             store.stats.note_pressure(dict(zip(PRESSURE_TIERS, counts)))
             self._drain()  # publishes it and frees its sources, now (a second device sync)
         return store.hot_pool.num_free >= num_pages
+
+    def _with_batch(self, pages: torch.Tensor, tiers: torch.Tensor, short: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pressure path's pages (and their tiers): the order's first ``short``, then, up to
+        ``pressure_batch_pages`` in all and the free TQ3 pages, the next Stale and cached pages no prefix
+        matched since the last tick (a request about to read it) is among."""
+        extra = min(self.config.pressure_batch_pages, self.store.tq3_pool.num_free) - short
+        if extra <= 0:
+            return pages[:short], tiers[:short]
+        rest, rest_tiers = pages[short:], tiers[short:]
+        ahead = rest_tiers < _DEFERRED_INDEX
+        if self._matched is not None:
+            ahead &= ~self._matched[rest]
+        return torch.cat([pages[:short], rest[ahead][:extra]]), torch.cat([tiers[:short], rest_tiers[ahead][:extra]])
 
     def _pressure_order(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logical pages of ``mask`` in the pressure path's order, with each one's ``PRESSURE_TIERS``

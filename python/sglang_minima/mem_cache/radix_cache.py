@@ -55,6 +55,7 @@ class MinimaRadixCache(UnifiedRadixCache):
         if req is not None:
             self._requests.add(req)
             pages = self._matched_pages(result)
+            self.lifecycle.note_matched(pages)
             tq3 = int((self.store.page_table.fmt[pages] == FMT_TQ3).sum())
             self._pending_hits[req] = (pages.numel() - tq3, tq3)
         return result
