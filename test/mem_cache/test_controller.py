@@ -192,17 +192,24 @@ def test_pressure_converts_cached_then_anchor_then_recent_never_the_tail():
     assert store.stats.allocation_syncs == 3
 
 
+def _cached_beside_a_request(num_logical: int, batch: int):
+    """Three cached pages (held by the tree only) beside a request of a sink, a Stale and a Recent page
+    (being written), classified without the tick's conversions; one hot page of seven free."""
+    store = make_store(num_logical=num_logical, num_hot=7)
+    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, pressure_batch_pages=batch))
+    cached = _request(store, [1, 2, 3])
+    seq = _request(store, [4, 5, 6], tokens=3 * PS - 1)
+    store.page_table.tier.copy_(ctl.classify([seq]))
+    assert store.hot_pool.num_free == 1
+    return store, ctl, cached, seq
+
+
 @pytest.mark.parametrize("batch, syncs", [(0, 2), (4, 1), (10, 1)])
 def test_a_pressure_batch_converts_stale_and_cached_pages_ahead_at_one_sync(batch, syncs):
     """--minima-pressure-batch-pages: the allocation short of one page converts the Stale page and, up to
     the batch, the cached ones at the same sync, so the next allocation finds free pages; never a live
     request's Anchor (the sink) or Recent page beyond the shortfall, whatever the batch."""
-    store = make_store(num_logical=16, num_hot=7)
-    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, pressure_batch_pages=batch))
-    cached = _request(store, [1, 2, 3])  # held by the tree only
-    seq = _request(store, [4, 5, 6], tokens=3 * PS - 1)  # sink, Stale, Recent (being written)
-    store.page_table.tier.copy_(ctl.classify([seq]))  # classification without the tick's conversions
-    assert store.hot_pool.num_free == 1
+    store, ctl, cached, seq = _cached_beside_a_request(16, batch)
     assert ctl.reserve_hot(2)
     ahead = batch > 0
     assert store.page_table.fmt[cached].tolist() == [FMT_TQ3 if ahead else FMT_HOT] * 3
@@ -238,11 +245,7 @@ def test_a_pressure_batch_leaves_deferred_pages_and_a_just_matched_prefix(matche
 
 
 def test_a_pressure_batch_takes_no_more_than_the_free_tq3_pages():
-    store = make_store(num_logical=10, num_hot=7)  # 3 TQ3 pages
-    ctl = LifecycleController(store, MinimaConfig(recent_pages=1, sink_pages=1, pressure_batch_pages=10))
-    cached = _request(store, [1, 2, 3])
-    seq = _request(store, [4, 5, 6], tokens=3 * PS - 1)
-    store.page_table.tier.copy_(ctl.classify([seq]))
+    store, ctl, cached, _ = _cached_beside_a_request(10, 10)  # 3 TQ3 pages
     assert ctl.reserve_hot(2)
     assert store.page_table.fmt[cached].tolist() == [FMT_TQ3, FMT_TQ3, FMT_HOT]  # the Stale page 5 and two more
     assert store.stats.retier.no_room_pages == 0  # nothing asked for that could not convert
