@@ -43,6 +43,13 @@ TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
 # decode right (each split takes its share of the request's pages from the lists at replay); only
 # the balance between the two roles rests on this figure.
 GRAPH_FP8_PAGES = 8
+# ... but where the grid takes several waves, the TQ3 pages are cut into splits of the FP8 split's
+# size, and sized for the model's whole context that is hundreds of splits the real requests leave
+# empty: Llama-3-8B-class at 128K, 64 rows, 255 TQ3 splits, 131K CTAs a layer, each paying its setup
+# (a 32 KB key table with 4-bit keys) for at most one page of a 4.5K-token request: a 138 ms decode
+# step against SGLang FP8's 12 ms (device README, stop 54). Eager plans cut long requests at 75%
+# Stale into 3 (the FP8 split is a quarter of the pages); a graph takes at most this many.
+GRAPH_MULTI_WAVE_TQ3_SPLITS = 4
 
 
 def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
@@ -222,11 +229,14 @@ def graph_splits(
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
-    model's). ``choose_mixed_splits`` for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8."""
+    model's). ``choose_mixed_splits`` for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8,
+    at most GRAPH_MULTI_WAVE_TQ3_SPLITS TQ3 splits where the grid takes several waves."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3, fp8 = choose_mixed_splits(
         batch, num_kv_heads, max(1, max_pages - fp8_pages), max(1, fp8_pages), page_size, build, num_sms=num_sms
     )
+    if slots_per_pair(batch, num_kv_heads, build, num_sms) < 2:
+        tq3 = min(tq3, GRAPH_MULTI_WAVE_TQ3_SPLITS)
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 

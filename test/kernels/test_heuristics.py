@@ -154,6 +154,28 @@ def test_graph_splits_come_from_the_batch_and_the_longest_context(batch, kv_head
     assert got == choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build)
 
 
+@pytest.mark.parametrize("batch", [17, 24, 32, 64])
+@pytest.mark.parametrize("max_pages", [100, 544, 2048])
+def test_a_graph_of_several_waves_cuts_its_tq3_pages_into_a_few_splits(batch, max_pages) -> None:
+    # Llama-3-8B-class, 4-bit keys: from 17 rows its 8 kv heads leave fewer than 2 resident CTA slots
+    # a (request, kv head); sized for the model's 128K context, 64 rows took 255 TQ3 splits (131K
+    # CTAs a layer, 138 ms a decode step). Capped, the grid stays within a few waves at any context
+    from minima_kernels.heuristics import (
+        GRAPH_MULTI_WAVE_TQ3_SPLITS,
+        choose_mixed_splits,
+        graph_splits,
+        slots_per_pair,
+        tile_config,
+    )
+
+    build = tile_config(4, 64, 128, batch, key_bits=4)
+    assert slots_per_pair(batch, 8, build, 132) < 2
+    tq3, fp8 = graph_splits(batch, 8, max_pages, 64, build, 132)
+    assert (tq3, fp8) == (GRAPH_MULTI_WAVE_TQ3_SPLITS, 1)
+    assert choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132)[0] > tq3  # what it was
+    assert (tq3 + fp8) * batch * 8 <= build["min_blocks"] * 132 * 10  # at most 10 waves of resident CTAs
+
+
 def test_compile_builds_cover_every_path_choice() -> None:
     # compile()'s list: for "auto" at Llama-3-8B-class (group 4, head dim 128, pages of 64), the TQ3
     # build of one request and of batches (equal at head dim 128, so once), its fused twin, and the
