@@ -1,0 +1,100 @@
+"""The CUDA graph's split counts against the requests a graph really serves (device; #16).
+
+A captured decode fixes its split counts at capture (``heuristics.graph_splits``), from the batch
+size and the model's longest context; the requests then divide their pages among those splits. This
+times the fused decode of one layer at requests of ``--pages`` pages (``--fp8-pages`` of them FP8, the
+rest TQ3, like a gsp request at the defaults) with the split counts each rule gives for a model
+context: the rule before stop 54 (the TQ3 pages of the whole context cut to the FP8 split's size),
+today's (capped where the grid takes several waves) and the eager plan's (from the real page
+counts); FlashInfer's FP8 decode over the same pages in FP8 is the baseline. CUDA-graph medians.
+
+    PYTHONPATH=kernels:python:benchmark/kernels python benchmark/kernels/bench_graph_splits.py --out r.json
+"""
+
+import argparse
+import json
+import time
+from functools import partial
+
+import torch
+from bench_decode import GEOMETRIES, PAGE, bench_ms, flashinfer_decode, tq3_pool
+from minima_kernels import MinimaDecodeWrapper, heuristics
+from sglang_minima.codec import LayerRotation
+from tqdm import tqdm
+
+
+def rules(batch: int, h: int, max_pages: int, build: dict, num_sms: int) -> dict[str, tuple[int, int]]:
+    """(TQ3, FP8) splits per rule for a graph of ``batch`` rows and a model of ``max_pages`` pages."""
+    capped = heuristics.graph_splits(batch, h, max_pages, PAGE, build, num_sms)
+    fp8 = min(heuristics.GRAPH_FP8_PAGES, max_pages)
+    before = heuristics.choose_mixed_splits(batch, h, max(1, max_pages - fp8), fp8, PAGE, build, num_sms=num_sms)
+    return {"before": tuple(min(s, heuristics.MAX_SPLITS) for s in before), "capped": capped}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--geometry", default="32q/8kv/128", choices=sorted(GEOMETRIES))
+    ap.add_argument("--batches", default="64,32,24")
+    ap.add_argument("--pages", type=int, default=70, help="pages per request (gsp at the defaults: 4,480 tokens)")
+    ap.add_argument("--fp8-pages", type=int, default=6, help="of them FP8 (the Recent tier, sinks, Anchors)")
+    ap.add_argument("--contexts", default="131072,34816,6400", help="model contexts the graph is captured for")
+    ap.add_argument("--key-bits", type=int, choices=(3, 4), default=4)
+    args = ap.parse_args()
+    dev = "cuda"
+    hq, h, d = GEOMETRIES[args.geometry]
+    n_fp8, n_tq3 = args.fp8_pages, args.pages - args.fp8_pages
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    rotation = LayerRotation(h, d, layer_id=0, seed=0, device=dev)
+    signs = rotation.signs.to(dev)
+    wrapper = MinimaDecodeWrapper(workspace, hq, h, d, PAGE, key_bits=args.key_bits, fp8_kernel="fused")
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    result = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "geometry": args.geometry, "pages": args.pages, "fp8_pages": n_fp8, "key_bits": args.key_bits, "rows": []}
+    cases = [(int(b), int(c)) for b in args.batches.split(",") for c in args.contexts.split(",")]
+    done: dict[tuple[int, tuple[int, int]], float] = {}
+    for batch in tqdm(sorted({b for b, _ in cases}, reverse=True), desc="batches"):
+        q = torch.randn(batch, hq, d, device=dev).to(torch.bfloat16)
+        k8 = (torch.randn(batch * args.pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+        v8 = (torch.randn(batch * args.pages, PAGE, h, d, device=dev) * 2).to(torch.float8_e4m3fn)
+        all_ids = torch.randperm(batch * args.pages, device=dev).to(torch.int32)
+        indptr = torch.arange(0, batch * args.pages + 1, args.pages, dtype=torch.int32, device=dev)
+        last = torch.full((batch,), PAGE, dtype=torch.int32, device=dev)
+        fp8_ms, _ = bench_ms(flashinfer_decode(workspace, q, k8, v8, indptr, all_ids, last, hq, h, d, PAGE,
+                                               torch.float8_e4m3fn, (0.5, 0.5)))
+        tq3 = tq3_pool(batch * n_tq3, h, d, rotation, dev, args.key_bits)
+        ids = all_ids.cpu().view(batch, args.pages)
+        plan_args = (
+            torch.arange(0, batch * n_fp8 + 1, n_fp8, dtype=torch.int32), ids[:, :n_fp8].reshape(-1).contiguous(),
+            torch.full((batch,), PAGE, dtype=torch.int32),
+            torch.arange(0, batch * n_tq3 + 1, n_tq3, dtype=torch.int32), torch.randperm(batch * n_tq3).to(torch.int32),
+        )
+        mixed = partial(wrapper.run, q, (k8, v8), tq3, signs, k_scale=0.5, v_scale=0.5)
+        wrapper.plan(*plan_args)  # the eager plan's splits, from the real page counts
+        eager = (wrapper.path.tq3_splits, wrapper.path.fp8_splits)
+
+        def timed(splits: tuple[int, int]) -> float:
+            if (batch, splits) not in done:
+                wrapper.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
+                done[batch, splits], _ = bench_ms(mixed)
+            return done[batch, splits]
+
+        for b, ctx in cases:
+            if b != batch:
+                continue
+            row = {"batch": batch, "context": ctx, "flashinfer_fp8_ms": fp8_ms}
+            for name, splits in {**rules(batch, h, -(-ctx // PAGE), wrapper.tq3_build, num_sms), "eager": eager}.items():
+                ms = timed(splits)
+                row[name] = {"splits": list(splits), "ctas": (splits[0] + splits[1]) * batch * h, "ms": ms,
+                             "x_fp8": ms / fp8_ms}
+            result["rows"].append(row)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+    print(f"{'rows':>4} {'context':>7} {'FP8 ms':>8}  " + "  ".join(f"{n:>26}" for n in ("before", "capped", "eager")))
+    for row in result["rows"]:
+        cells = [f"{str(tuple(row[n]['splits'])):>10} {row[n]['ms']:.4f} ({row[n]['x_fp8']:.2f}x)" for n in ("before", "capped", "eager")]
+        print(f"{row['batch']:>4} {row['context']:>7} {row['flashinfer_fp8_ms']:>8.4f}  " + "  ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
