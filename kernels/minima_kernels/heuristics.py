@@ -47,8 +47,9 @@ GRAPH_FP8_PAGES = 8
 # size, and sized for the model's whole context that is hundreds of splits the real requests leave
 # empty: Llama-3-8B-class at 128K, 64 rows, 255 TQ3 splits, 131K CTAs a layer, each paying its setup
 # (a 32 KB key table with 4-bit keys) for at most one page of a 4.5K-token request: a 138 ms decode
-# step against SGLang FP8's 12 ms (device README, stop 54). Eager plans cut long requests at 75%
-# Stale into 3 (the FP8 split is a quarter of the pages); a graph takes at most this many.
+# step against SGLang FP8's 12 ms (device README, stop 54). The fused rule on real page counts cuts
+# a request at 75% Stale into 3 (its FP8 split is a quarter of the pages); a graph takes at most this
+# many. Provisional: benchmark/kernels/bench_graph_splits.py times 1 to 16 on the GPU.
 GRAPH_MULTI_WAVE_TQ3_SPLITS = 4
 
 

@@ -173,7 +173,19 @@ def test_a_graph_of_several_waves_cuts_its_tq3_pages_into_a_few_splits(batch, ma
     tq3, fp8 = graph_splits(batch, 8, max_pages, 64, build, 132)
     assert (tq3, fp8) == (GRAPH_MULTI_WAVE_TQ3_SPLITS, 1)
     assert choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132)[0] > tq3  # what it was
-    assert (tq3 + fp8) * batch * 8 <= build["min_blocks"] * 132 * 10  # at most 10 waves of resident CTAs
+    assert (tq3 + fp8) * batch * 8 <= build["min_blocks"] * 132 * 10  # up to 64 rows, at most 10 waves of CTAs
+
+
+@pytest.mark.parametrize("batch,kv_heads,head_dim", [(16, 8, 128), (1, 8, 128), (64, 3, 64)])
+def test_a_graph_of_one_wave_keeps_the_split_rule(batch, kv_heads, head_dim) -> None:
+    # up to 16 Llama-class rows (and 64 of SmolLM2's 3 kv heads) the grid is one wave: no cap there
+    from minima_kernels.heuristics import choose_mixed_splits, graph_splits, slots_per_pair, tile_config
+
+    build = tile_config(4, 64, head_dim, batch, key_bits=4)
+    assert slots_per_pair(batch, kv_heads, build, 132) >= 2
+    for max_pages in (100, 2048):
+        want = choose_mixed_splits(batch, kv_heads, max_pages - 8, 8, 64, build, num_sms=132)
+        assert graph_splits(batch, kv_heads, max_pages, 64, build, 132) == want
 
 
 def test_compile_builds_cover_every_path_choice() -> None:

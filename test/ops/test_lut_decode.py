@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sglang_minima.codec.codebook import key_codebook
 from sglang_minima.codec.fp8 import fp8_quantize
@@ -83,11 +83,11 @@ def _both(plan, hot_k, hot_v, tq3, layout, codebook, rotation, scales, q, tile_p
     return want, got
 
 
-def _close(got, want):
+def _close(got, want, atol=2e-5):
     (out, lse), (want_out, want_lse) = got, want
     assert out.dtype == lse.dtype == torch.float32
-    torch.testing.assert_close(out, want_out, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, want_lse, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out, want_out, atol=atol, rtol=1e-5)
+    torch.testing.assert_close(lse, want_lse, atol=atol, rtol=1e-5)
 
 
 @settings(max_examples=25, deadline=None)
@@ -135,6 +135,8 @@ def test_four_bit_keys_match_the_reference_batched_decode(kv_lens, stale, tile_p
     value_bits=st.sampled_from([3, 4]),
     seed=st.integers(0, 10_000),
 )
+@example(kv_lens=[97, 113, 113, 147], stale=0.5, tile_pages=1, key_bits=3, key_center=True, value_code="uniform",
+         value_bits=3, seed=200)  # 2.3e-5 apart (CI, 2026-12-07)
 def test_layout_options_match_the_reference_batched_decode(kv_lens, stale, tile_pages, key_bits, key_center,
                                                            value_code, value_bits, seed):
     """Page-centered keys (``key_center``): the page's mean key enters the scores as one q . mean per
@@ -147,7 +149,10 @@ def test_layout_options_match_the_reference_batched_decode(kv_lens, stale, tile_
     assert (pool[4].key_center, pool[4].value_code, pool[4].value_bits) == (key_center, value_code, value_bits)
     q = torch.randn(len(kv_lens), 6, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2
     want, got = _both(*pool, q, tile_pages)
-    _close(got, want)
+    # the page offsets put scores near 60 (LSE), where float32 rounding of the two summation orders
+    # reaches 2.3e-5 in an output (CI, seed 200; 1.8e-5 the worst of 80 random cases here; 4e-6
+    # without the offsets): a decode error is 1e-2 or more
+    _close(got, want, atol=1e-4 if key_center else 2e-5)
 
 
 def test_four_bit_tq3_decode_equals_dense_attention_over_the_decoded_pages():
