@@ -9,4 +9,5 @@ bash "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 .venv/bin/python -m pytest -m "not e2e" "$@"
-.venv/bin/python -m pytest -m e2e --timeout 1800 -s "$@"   # -s: the e2e timing lines ([e2e] ...)
+# -s: the e2e timing lines ([e2e] ...); --durations: which tests a slower CI run spent its time in
+.venv/bin/python -m pytest -m e2e --timeout 1800 -s --durations=15 "$@"
