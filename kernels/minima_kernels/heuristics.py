@@ -43,14 +43,19 @@ TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
 # decode right (each split takes its share of the request's pages from the lists at replay); only
 # the balance between the two roles rests on this figure.
 GRAPH_FP8_PAGES = 8
-# ... but where the grid takes several waves, the TQ3 pages are cut into splits of the FP8 split's
-# size, and sized for the model's whole context that is hundreds of splits the real requests leave
-# empty: Llama-3-8B-class at 128K, 64 rows, 255 TQ3 splits, 131K CTAs a layer, each paying its setup
-# (a 32 KB key table with 4-bit keys) for at most one page of a 4.5K-token request: a 138 ms decode
-# step against SGLang FP8's 12 ms (device README, stop 54). The fused rule on real page counts cuts
-# a request at 75% Stale into 3 (its FP8 split is a quarter of the pages); a graph takes at most this
-# many. Provisional: benchmark/kernels/bench_graph_splits.py times 1 to 16 on the GPU.
-GRAPH_MULTI_WAVE_TQ3_SPLITS = 4
+# ... but where a (request, kv head) pair has fewer than GRAPH_WAVE_RULE_MIN_SLOTS resident CTA slots,
+# that rule fits neither the graph nor its requests. Under 2 slots it cut the TQ3 pages into splits of
+# the FP8 split's size: sized for the model's context, hundreds of splits the real requests leave empty
+# (Llama-3-8B-class at 128K, 64 rows: 255 splits, 131K CTAs a layer, a 138 ms decode step against
+# SGLang FP8's 12 ms; device README, stop 54). At 2 or 3 slots it gave the short FP8 split a whole
+# slot and the TQ3 pages one CTA: 0.85-0.90x FlashInfer FP8's time at 12-16 rows of 512-2,040 pages
+# where 2-4 splits take 0.40-0.54x. There the TQ3 CTAs fill GRAPH_TQ3_WAVES waves of the slots (the
+# FP8 role one split). Chosen from a sweep of 1-32 TQ3 splits at 4-64 rows of 70, 512 and 2,040 pages
+# (H100, Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55): 1.5 waves came within
+# 1.04x of each case's best split count on geometric mean (worst 1.21x); one wave 1.08x (1.33x), two 1.06x;
+# the old rule 1.21x (2.24x).
+GRAPH_WAVE_RULE_MIN_SLOTS = 4
+GRAPH_TQ3_WAVES = 1.5
 
 
 def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
@@ -150,6 +155,11 @@ def slots_per_pair(batch: int, num_kv_heads: int, build: dict[str, int], num_sms
     return build["min_blocks"] * num_sms // (batch * num_kv_heads)
 
 
+def min_split_pages(build: dict[str, int], page_size: int) -> int:
+    """The fewest pages a split takes: MIN_CHUNKS_PER_WARP chunks for each of the build's warps."""
+    return max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
+
+
 def choose_num_splits(
     batch: int,
     num_kv_heads: int,
@@ -165,8 +175,7 @@ def choose_num_splits(
     per SM (default: tile_config's for this batch size)."""
     build = build or tile_config(0, page_size, head_dim, batch)
     want = slots_per_pair(batch, num_kv_heads, build, num_sms)
-    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
-    return max(1, min(want, max_pages // min_pages))
+    return max(1, min(want, max_pages // min_split_pages(build, page_size)))
 
 
 def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: int = NUM_SMS_H200) -> int:
@@ -199,7 +208,7 @@ def choose_mixed_splits(
         fp8 = slots - tq3
     else:
         tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
-    min_pages = max(1, -(-MIN_CHUNKS_PER_WARP * build["warps"] * CHUNK_TOKENS // page_size))
+    min_pages = min_split_pages(build, page_size)
     return max(1, min(tq3, max_tq3_pages // min_pages)), max(1, min(fp8, max_fp8_pages // min_pages))
 
 
@@ -231,13 +240,14 @@ def graph_splits(
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
     model's). ``choose_mixed_splits`` for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8,
-    at most GRAPH_MULTI_WAVE_TQ3_SPLITS TQ3 splits where the grid takes several waves."""
+    where each (request, kv head) pair has GRAPH_WAVE_RULE_MIN_SLOTS resident slots or more; with
+    fewer, one FP8 split and TQ3 splits of GRAPH_TQ3_WAVES waves of the slots."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
-    tq3, fp8 = choose_mixed_splits(
-        batch, num_kv_heads, max(1, max_pages - fp8_pages), max(1, fp8_pages), page_size, build, num_sms=num_sms
-    )
-    if slots_per_pair(batch, num_kv_heads, build, num_sms) < 2:
-        tq3 = min(tq3, GRAPH_MULTI_WAVE_TQ3_SPLITS)
+    tq3_pages = max(1, max_pages - fp8_pages)
+    tq3, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
+    if slots_per_pair(batch, num_kv_heads, build, num_sms) < GRAPH_WAVE_RULE_MIN_SLOTS:
+        waves = round(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads))
+        tq3, fp8 = max(1, min(waves, tq3_pages // min_split_pages(build, page_size))), 1
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 

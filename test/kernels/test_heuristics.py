@@ -154,14 +154,21 @@ def test_graph_splits_come_from_the_batch_and_the_longest_context(batch, kv_head
     assert got == choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build)
 
 
-@pytest.mark.parametrize("batch", [17, 24, 32, 64])
+@pytest.mark.parametrize(
+    "batch,splits",
+    # Llama-3-8B-class, 4-bit keys, 132 SMs: 264 resident slots; TQ3 splits of 1.5 waves of them
+    [(12, 4), (16, 3), (17, 3), (24, 2), (32, 2), (64, 1)],
+)
 @pytest.mark.parametrize("max_pages", [100, 544, 2048])
-def test_a_graph_of_several_waves_cuts_its_tq3_pages_into_a_few_splits(batch, max_pages) -> None:
-    # Llama-3-8B-class, 4-bit keys: from 17 rows its 8 kv heads leave fewer than 2 resident CTA slots
-    # a (request, kv head); sized for the model's 128K context, 64 rows took 255 TQ3 splits (131K
-    # CTAs a layer, 138 ms a decode step). Capped, the grid stays within a few waves at any context
+def test_a_graph_with_few_slots_a_pair_takes_a_wave_and_a_half_of_tq3_splits(batch, splits, max_pages) -> None:
+    # From 12 rows the 8 kv heads leave each (request, kv head) under 4 resident slots. There the
+    # fused rule for requests of the model's whole context gave the short FP8 split a slot of its own
+    # and the TQ3 pages one CTA (12-16 rows: 0.85-0.90x FlashInfer FP8 where 2-4 splits take
+    # 0.40-0.54x), or from 17 rows cut them into hundreds of splits the real requests leave empty (64
+    # rows at 128K: 255, a 138 ms decode step). Now the TQ3 CTAs fill 1.5 waves, whatever the context
     from minima_kernels.heuristics import (
-        GRAPH_MULTI_WAVE_TQ3_SPLITS,
+        GRAPH_TQ3_WAVES,
+        GRAPH_WAVE_RULE_MIN_SLOTS,
         choose_mixed_splits,
         graph_splits,
         slots_per_pair,
@@ -169,20 +176,32 @@ def test_a_graph_of_several_waves_cuts_its_tq3_pages_into_a_few_splits(batch, ma
     )
 
     build = tile_config(4, 64, 128, batch, key_bits=4)
-    assert slots_per_pair(batch, 8, build, 132) < 2
+    assert slots_per_pair(batch, 8, build, 132) < GRAPH_WAVE_RULE_MIN_SLOTS
     tq3, fp8 = graph_splits(batch, 8, max_pages, 64, build, 132)
-    assert (tq3, fp8) == (GRAPH_MULTI_WAVE_TQ3_SPLITS, 1)
-    assert choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132)[0] > tq3  # what it was
-    assert (tq3 + fp8) * batch * 8 <= build["min_blocks"] * 132 * 10  # up to 64 rows, at most 10 waves of CTAs
+    assert (tq3, fp8) == (splits, 1)
+    assert abs(tq3 * batch * 8 - GRAPH_TQ3_WAVES * build["min_blocks"] * 132) <= batch * 8 / 2  # the nearest count
+    assert choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132) != (tq3, fp8)  # what it was
 
 
-@pytest.mark.parametrize("batch,kv_heads,head_dim", [(16, 8, 128), (1, 8, 128), (64, 3, 64)])
-def test_a_graph_of_one_wave_keeps_the_split_rule(batch, kv_heads, head_dim) -> None:
-    # up to 16 Llama-class rows (and 64 of SmolLM2's 3 kv heads) the grid is one wave: no cap there
-    from minima_kernels.heuristics import choose_mixed_splits, graph_splits, slots_per_pair, tile_config
+def test_a_graph_with_few_slots_keeps_a_split_of_whole_warps_at_short_contexts() -> None:
+    # SmolLM2 at 48 rows (2 slots a pair): 1.5 waves are 4 TQ3 splits; a context of 13 pages leaves 5
+    # TQ3 pages beside GRAPH_FP8_PAGES, at least 2 a split (2 chunks for each of 4 warps): 2 splits
+    from minima_kernels.heuristics import graph_splits, min_split_pages, tile_config
+
+    build = tile_config(3, 64, 64, 48, key_bits=4)
+    assert min_split_pages(build, 64) == 2
+    assert graph_splits(48, 3, 128, 64, build, 132) == (4, 1)
+    assert graph_splits(48, 3, 13, 64, build, 132) == (2, 1)
+
+
+@pytest.mark.parametrize("batch,kv_heads,head_dim", [(8, 8, 128), (1, 8, 128), (32, 3, 64)])
+def test_a_graph_with_slots_to_spare_keeps_the_split_rule(batch, kv_heads, head_dim) -> None:
+    # up to 8 Llama-class rows (and 32 of SmolLM2's 3 kv heads) each pair has 4 slots or more: the
+    # fused rule's one wave, one slot for the FP8 split
+    from minima_kernels.heuristics import GRAPH_WAVE_RULE_MIN_SLOTS, choose_mixed_splits, graph_splits, slots_per_pair, tile_config
 
     build = tile_config(4, 64, head_dim, batch, key_bits=4)
-    assert slots_per_pair(batch, kv_heads, build, 132) >= 2
+    assert slots_per_pair(batch, kv_heads, build, 132) >= GRAPH_WAVE_RULE_MIN_SLOTS
     for max_pages in (100, 2048):
         want = choose_mixed_splits(batch, kv_heads, max_pages - 8, 8, 64, build, num_sms=132)
         assert graph_splits(batch, kv_heads, max_pages, 64, build, 132) == want
