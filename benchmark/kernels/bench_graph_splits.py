@@ -6,7 +6,8 @@ times the fused decode of one layer at requests of ``--pages`` pages (``--fp8-pa
 rest TQ3, like a gsp request at the defaults) with the split counts each rule gives for a model
 context: the rule before stop 54 (``before``: the fused rule for requests of the whole context; from 17
 Llama-class rows its TQ3 pages cut to the FP8 split's size), today's ``heuristics.graph_splits``
-(``graph_rule``), the fused split rule on the real page counts (``fused_real``) and a sweep of TQ3 splits (one FP8 split); beside them the eager
+(``graph_rule``; stop 55's JSON files call stop 54's rule ``capped``), the fused split rule on the
+real page counts (``fused_real``) and a sweep of TQ3 splits (one FP8 split); beside them the eager
 step's own choice (``auto``: at these shapes often the two-launch path) and FlashInfer's FP8 decode
 over the same pages in FP8, the baseline. CUDA-graph medians (``graph`` false: timed eagerly).
 

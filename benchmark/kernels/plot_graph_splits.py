@@ -37,15 +37,18 @@ def main() -> None:
         hq, h, d = geometry(run["geometry"])
         for row in sorted({r["batch"]: r for r in run["rows"]}.values(), key=lambda r: r["batch"]):
             sweep = sorted((int(n), r["x_fp8"]) for n, r in row["sweep"].items())
-            line = ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=color[row["batch"]], label=f"{row['batch']} rows")[0]
+            c = color[row["batch"]]
+            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=c, label=f"{row['batch']} rows")
             build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
-            tq3, _ = heuristics.graph_splits(row["batch"], h, -(-max(r["context"] for r in run["rows"]) // PAGE), PAGE, build, args.num_sms)
+            max_pages = -(-max(r["context"] for r in run["rows"]) // PAGE)
+            tq3, _ = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms)
             if str(tq3) in row["sweep"]:
-                ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=line.get_color())
+                ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("TQ3 splits per (request, kv head)")
         ax.set_ylabel("time / FlashInfer FP8's")
-        ax.set_title(f"{run['geometry']}, {run['pages']} pages ({run['fp8_pages']} FP8), {run['gpu'].split(' ')[1]}", fontsize=10)
+        gpu = run["gpu"].split(" ")[1]  # "NVIDIA H100 80GB HBM3": H100
+        ax.set_title(f"{run['geometry']}, {run['pages']} pages ({run['fp8_pages']} FP8), {gpu}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("CUDA graph's fused decode, one layer, by TQ3 split count (circles: graph_splits' choice)")

@@ -47,13 +47,13 @@ GRAPH_FP8_PAGES = 8
 # that rule fits neither the graph nor its requests. Under 2 slots it cut the TQ3 pages into splits of
 # the FP8 split's size: sized for the model's context, hundreds of splits the real requests leave empty
 # (Llama-3-8B-class at 128K, 64 rows: 255 splits, 131K CTAs a layer, a 138 ms decode step against
-# SGLang FP8's 12 ms; device README, stop 54). At 2 or 3 slots it gave the short FP8 split a whole
-# slot and the TQ3 pages one CTA: 0.85-0.90x FlashInfer FP8's time at 12-16 rows of 512-2,040 pages
+# SGLang FP8's 12 ms; device README, stop 54). At 2 slots it gave the short FP8 split a whole slot
+# and the TQ3 pages one CTA: 0.85-0.90x FlashInfer FP8's time at 12-16 rows of 512-2,040 pages
 # where 2-4 splits take 0.40-0.54x. There the TQ3 CTAs fill GRAPH_TQ3_WAVES waves of the slots (the
 # FP8 role one split). Chosen from a sweep of 1-32 TQ3 splits at 4-64 rows of 70, 512 and 2,040 pages
 # (H100, Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55): 1.5 waves came within
-# 1.04x of each case's best split count on geometric mean (worst 1.21x); one wave 1.08x (1.33x), two 1.06x;
-# the old rule 1.21x (2.24x).
+# 1.04x of each case's best split count on geometric mean (worst 1.21x); one wave 1.10x (1.33x), two
+# 1.065x; stop 54's (a cap of 4 TQ3 splits under 2 slots) 1.21x (2.24x).
 GRAPH_WAVE_RULE_MIN_SLOTS = 4
 GRAPH_TQ3_WAVES = 1.5
 
