@@ -43,17 +43,16 @@ TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
 # decode right (each split takes its share of the request's pages from the lists at replay); only
 # the balance between the two roles rests on this figure.
 GRAPH_FP8_PAGES = 8
-# ... but where a (request, kv head) pair has fewer than GRAPH_WAVE_RULE_MIN_SLOTS resident CTA slots,
-# that rule fits neither the graph nor its requests. Under 2 slots it cut the TQ3 pages into splits of
-# the FP8 split's size: sized for the model's context, hundreds of splits the real requests leave empty
-# (Llama-3-8B-class at 128K, 64 rows: 255 splits, 131K CTAs a layer, a 138 ms decode step against
-# SGLang FP8's 12 ms; device README, stop 54). At 2 slots it gave the short FP8 split a whole slot
-# and the TQ3 pages one CTA: 0.85-0.90x FlashInfer FP8's time at 12-16 rows of 512-2,040 pages
-# where 2-4 splits take 0.40-0.54x. There the TQ3 CTAs fill GRAPH_TQ3_WAVES waves of the slots (the
-# FP8 role one split). Chosen from a sweep of 1-32 TQ3 splits at 4-64 rows of 70, 512 and 2,040 pages
-# (H100, Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55): 1.5 waves came within
-# 1.04x of each case's best split count on geometric mean (worst 1.21x); one wave 1.10x (1.33x), two
-# 1.065x; stop 54's (a cap of 4 TQ3 splits under 2 slots) 1.21x (2.24x).
+# Its TQ3 splits, from a sweep of 1-32 of them at 4-64 rows of 70, 512 and 2,040 pages (H100,
+# Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With GRAPH_WAVE_RULE_MIN_SLOTS
+# resident CTA slots or more per (request, kv head), one wave of them: the FP8 split is short and runs
+# beside (the fused rule kept it a slot of its own: 8 rows of 512 / 2,040 pages took 0.64 / 0.60x
+# FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x with 4; of 70 pages 0.67 against 0.79x). With
+# fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows: one TQ3 CTA took
+# 0.85-0.90x where 2-4 take 0.40-0.54x; from 17 rows the fused rule sized for a 128K context had cut
+# 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device README stop 54). Over the 20
+# cases these counts came within 1.03x of each case's best on geometric mean (worst 1.18x); one wave
+# throughout 1.10x (1.33x), the fused rule's with 4 slots or more 1.04x (1.21x), stop 54's rule 1.21x (2.24x).
 GRAPH_WAVE_RULE_MIN_SLOTS = 4
 GRAPH_TQ3_WAVES = 1.5
 
@@ -239,15 +238,17 @@ def graph_splits(
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
-    model's). ``choose_mixed_splits`` for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8,
-    where each (request, kv head) pair has GRAPH_WAVE_RULE_MIN_SLOTS resident slots or more; with
-    fewer, one FP8 split and TQ3 splits of GRAPH_TQ3_WAVES waves of the slots."""
+    model's). The FP8 splits are ``choose_mixed_splits``'s for requests of ``max_pages`` pages,
+    GRAPH_FP8_PAGES of them FP8, where each (request, kv head) pair has GRAPH_WAVE_RULE_MIN_SLOTS
+    resident slots or more, and one below; the TQ3 splits one wave of the slots there and
+    GRAPH_TQ3_WAVES waves below, each of at least ``min_split_pages`` pages of the rest."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3_pages = max(1, max_pages - fp8_pages)
-    tq3, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
-    if slots_per_pair(batch, num_kv_heads, build, num_sms) < GRAPH_WAVE_RULE_MIN_SLOTS:
-        waves = round(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads))
-        tq3, fp8 = max(1, min(waves, tq3_pages // min_split_pages(build, page_size))), 1
+    _, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
+    tq3 = slots_per_pair(batch, num_kv_heads, build, num_sms)
+    if tq3 < GRAPH_WAVE_RULE_MIN_SLOTS:
+        tq3, fp8 = round(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads)), 1
+    tq3 = max(1, min(tq3, tq3_pages // min_split_pages(build, page_size)))
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 

@@ -139,19 +139,34 @@ def test_forced_paths_and_overrides() -> None:
 @pytest.mark.parametrize(
     "batch,kv_heads,max_pages,head_dim,splits",
     [
-        (1, 8, 2048, 128, (32, 1)),  # Llama-3-8B-class at 128K: one wave of 2 x 132 / 8 slots, FP8 sized for 8 pages
-        (8, 3, 128, 64, (21, 1)),  # SmolLM2 at its 8K context, batch 8: 22 slots per (request, kv head)
+        (1, 8, 2048, 128, (33, 1)),  # Llama-3-8B-class at 128K: one wave of 2 x 132 / 8 slots, FP8 sized for 8 pages
+        (8, 8, 545, 128, (4, 1)),  # #16 (a)'s graph (34,816 tokens): 4 slots a pair, all TQ3 (the fused rule: 3)
+        (8, 3, 128, 64, (22, 1)),  # SmolLM2 at its 8K context, batch 8: 22 slots per (request, kv head)
         (16, 4, 4, 256, (1, 1)),  # a context of 4 pages: at least 2 chunks per warp, one split each
     ],
 )
-def test_graph_splits_come_from_the_batch_and_the_longest_context(batch, kv_heads, max_pages, head_dim, splits) -> None:
-    from minima_kernels.heuristics import GRAPH_FP8_PAGES, choose_mixed_splits, graph_splits, tile_config
+def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits(batch, kv_heads, max_pages, head_dim, splits) -> None:
+    # with 4 resident slots a (request, kv head) or more, the TQ3 splits fill one wave and the short
+    # FP8 split runs beside them: the fused rule's split of the slots between the formats (for
+    # requests of the whole context, GRAPH_FP8_PAGES of them FP8) gave the TQ3 pages one slot fewer
+    from minima_kernels.heuristics import (
+        GRAPH_FP8_PAGES,
+        GRAPH_WAVE_RULE_MIN_SLOTS,
+        choose_mixed_splits,
+        graph_splits,
+        slots_per_pair,
+        tile_config,
+    )
 
     build = tile_config(0, 64, head_dim, batch)
-    got = graph_splits(batch, kv_heads, max_pages, 64, build)
+    got = graph_splits(batch, kv_heads, max_pages, 64, build, 132)
     assert got == splits
-    fp8 = min(GRAPH_FP8_PAGES, max_pages)  # choose_mixed_splits for requests of the whole context
-    assert got == choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build)
+    fp8 = min(GRAPH_FP8_PAGES, max_pages)
+    mixed = choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build, num_sms=132)
+    assert got[1] == mixed[1]
+    if max_pages > 100:
+        assert slots_per_pair(batch, kv_heads, build, 132) >= GRAPH_WAVE_RULE_MIN_SLOTS
+        assert got[0] == slots_per_pair(batch, kv_heads, build, 132) > mixed[0]
 
 
 @pytest.mark.parametrize(
@@ -183,7 +198,7 @@ def test_a_graph_with_few_slots_a_pair_takes_a_wave_and_a_half_of_tq3_splits(bat
     assert choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132) != (tq3, fp8)  # what it was
 
 
-def test_a_graph_with_few_slots_keeps_a_split_of_whole_warps_at_short_contexts() -> None:
+def test_a_graph_keeps_a_split_of_whole_warps_at_short_contexts() -> None:
     # SmolLM2 at 48 rows (2 slots a pair): 1.5 waves are 4 TQ3 splits; a context of 13 pages leaves 5
     # TQ3 pages beside GRAPH_FP8_PAGES, at least 2 a split (2 chunks for each of 4 warps): 2 splits
     from minima_kernels.heuristics import graph_splits, min_split_pages, tile_config
@@ -192,19 +207,6 @@ def test_a_graph_with_few_slots_keeps_a_split_of_whole_warps_at_short_contexts()
     assert min_split_pages(build, 64) == 2
     assert graph_splits(48, 3, 128, 64, build, 132) == (4, 1)
     assert graph_splits(48, 3, 13, 64, build, 132) == (2, 1)
-
-
-@pytest.mark.parametrize("batch,kv_heads,head_dim", [(8, 8, 128), (1, 8, 128), (32, 3, 64)])
-def test_a_graph_with_slots_to_spare_keeps_the_split_rule(batch, kv_heads, head_dim) -> None:
-    # up to 8 Llama-class rows (and 32 of SmolLM2's 3 kv heads) each pair has 4 slots or more: the
-    # fused rule's one wave, one slot for the FP8 split
-    from minima_kernels.heuristics import GRAPH_WAVE_RULE_MIN_SLOTS, choose_mixed_splits, graph_splits, slots_per_pair, tile_config
-
-    build = tile_config(4, 64, head_dim, batch, key_bits=4)
-    assert slots_per_pair(batch, kv_heads, build, 132) >= GRAPH_WAVE_RULE_MIN_SLOTS
-    for max_pages in (100, 2048):
-        want = choose_mixed_splits(batch, kv_heads, max_pages - 8, 8, 64, build, num_sms=132)
-        assert graph_splits(batch, kv_heads, max_pages, 64, build, 132) == want
 
 
 def test_compile_builds_cover_every_path_choice() -> None:
