@@ -28,10 +28,10 @@ from tqdm import tqdm
 
 def rules(batch: int, h: int, max_pages: int, build: dict, num_sms: int) -> dict[str, tuple[int, int]]:
     """(TQ3, FP8) splits per rule for a graph of ``batch`` rows and a model of ``max_pages`` pages."""
-    graph = heuristics.graph_splits(batch, h, max_pages, PAGE, build, num_sms)
+    rule = heuristics.graph_splits(batch, h, max_pages, PAGE, build, num_sms)
     fp8 = min(heuristics.GRAPH_FP8_PAGES, max_pages)
     before = heuristics.choose_mixed_splits(batch, h, max(1, max_pages - fp8), fp8, PAGE, build, num_sms=num_sms)
-    return {"before": tuple(min(s, heuristics.MAX_SPLITS) for s in before), "graph_rule": graph}
+    return {"before": tuple(min(s, heuristics.MAX_SPLITS) for s in before), "graph_rule": rule}
 
 
 def save(result: dict, path: str) -> None:

@@ -41,8 +41,8 @@ def main() -> None:
             ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=c, label=f"{row['batch']} rows")
             build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
             max_pages = -(-max(r["context"] for r in run["rows"]) // PAGE)
-            tq3, _ = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms)
-            if str(tq3) in row["sweep"]:
+            tq3, fp8 = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms)
+            if fp8 == 1 and str(tq3) in row["sweep"]:  # the sweep's points have one FP8 split
                 ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("TQ3 splits per (request, kv head)")
@@ -51,7 +51,7 @@ def main() -> None:
         ax.set_title(f"{run['geometry']}, {run['pages']} pages ({run['fp8_pages']} FP8), {gpu}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("CUDA graph's fused decode, one layer, by TQ3 split count (circles: graph_splits' choice)")
+    fig.suptitle("CUDA graph's fused decode, one layer, by TQ3 split count (circles: graph_splits' choice where swept)")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -47,12 +47,13 @@ GRAPH_FP8_PAGES = 8
 # Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With GRAPH_WAVE_RULE_MIN_SLOTS
 # resident CTA slots or more per (request, kv head), one wave of them: the FP8 split is short and runs
 # beside (the fused rule kept it a slot of its own: 8 rows of 512 / 2,040 pages took 0.64 / 0.60x
-# FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x with 4; of 70 pages 0.67 against 0.79x). With
-# fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows: one TQ3 CTA took
-# 0.85-0.90x where 2-4 take 0.40-0.54x; from 17 rows the fused rule sized for a 128K context had cut
-# 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device README stop 54). Over the 20
-# cases these counts came within 1.03x of each case's best on geometric mean (worst 1.18x); one wave
-# throughout 1.10x (1.33x), the fused rule's with 4 slots or more 1.04x (1.21x), stop 54's rule 1.21x (2.24x).
+# FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x with 4; at 70 pages 4 lose, 0.79 against 0.67x).
+# With fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
+# pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x; from 17 rows the fused rule sized
+# for a 128K context had cut 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device
+# README stop 54). Over the 20
+# cases these counts came within 1.03x of each case's best on geometric mean (worst 1.18x); 1.5 waves
+# with the fused rule's counts at 4 slots or more 1.04x (1.21x), stop 54's rule 1.21x (2.24x).
 GRAPH_WAVE_RULE_MIN_SLOTS = 4
 GRAPH_TQ3_WAVES = 1.5
 
@@ -247,7 +248,7 @@ def graph_splits(
     _, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
     tq3 = slots_per_pair(batch, num_kv_heads, build, num_sms)
     if tq3 < GRAPH_WAVE_RULE_MIN_SLOTS:
-        tq3, fp8 = round(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads)), 1
+        tq3, fp8 = int(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads) + 0.5), 1  # halves up
     tq3 = max(1, min(tq3, tq3_pages // min_split_pages(build, page_size)))
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
