@@ -51,9 +51,9 @@ GRAPH_FP8_PAGES = 8
 # With fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
 # pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x; from 17 rows the fused rule sized
 # for a 128K context had cut 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device
-# README stop 54). Over the 20
-# cases these counts came within 1.03x of each case's best on geometric mean (worst 1.18x); 1.5 waves
-# with the fused rule's counts at 4 slots or more 1.04x (1.21x), stop 54's rule 1.21x (2.24x).
+# README stop 54). Over the 20 cases these counts came within 1.03x of each case's best on geometric
+# mean (worst 1.18x); 1.5 waves with the fused rule's counts at 4 slots or more 1.04x (1.21x), stop
+# 54's rule 1.21x (2.24x).
 GRAPH_WAVE_RULE_MIN_SLOTS = 4
 GRAPH_TQ3_WAVES = 1.5
 
