@@ -45,9 +45,11 @@ TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
 GRAPH_FP8_PAGES = 8
 # Its TQ3 splits, from a sweep of 1-32 of them at 4-64 rows of 70, 512 and 2,040 pages (H100,
 # Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With GRAPH_WAVE_RULE_MIN_SLOTS
-# resident CTA slots or more per (request, kv head), one wave of them: the FP8 split is short and runs
-# beside (the fused rule kept it a slot of its own: 8 rows of 512 / 2,040 pages took 0.64 / 0.60x
-# FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x with 4; at 70 pages 4 lose, 0.79 against 0.67x).
+# resident CTA slots or more per (request, kv head), one wave of them where that pays: the fused rule
+# keeps the FP8 split a slot of its own; taking it for one more TQ3 split pushes an FP8 CTA past the
+# wave, where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more
+# (8 rows of 512 / 2,040 pages took 0.64 / 0.60x FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x
+# with 4; of 70 pages, where 4 save less than the FP8 split's 6 pages, 0.79 against 0.67x).
 # With fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
 # pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x; from 17 rows the fused rule sized
 # for a 128K context had cut 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device
@@ -239,16 +241,19 @@ def graph_splits(
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
-    model's). The FP8 splits are ``choose_mixed_splits``'s for requests of ``max_pages`` pages,
-    GRAPH_FP8_PAGES of them FP8, where each (request, kv head) pair has GRAPH_WAVE_RULE_MIN_SLOTS
-    resident slots or more, and one below; the TQ3 splits one wave of the slots there and
-    GRAPH_TQ3_WAVES waves below, each of at least ``min_split_pages`` pages of the rest."""
+    model's). Where each (request, kv head) pair has GRAPH_WAVE_RULE_MIN_SLOTS resident slots or more,
+    ``choose_mixed_splits``'s for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8, but TQ3
+    splits of the whole wave of slots where one more split shortens each by more than the FP8 pages;
+    with fewer slots, one FP8 split and TQ3 splits of GRAPH_TQ3_WAVES waves. Each split holds at least
+    ``min_split_pages`` pages."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3_pages = max(1, max_pages - fp8_pages)
-    _, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
-    tq3 = slots_per_pair(batch, num_kv_heads, build, num_sms)
-    if tq3 < GRAPH_WAVE_RULE_MIN_SLOTS:
+    tq3, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
+    slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
+    if slots < GRAPH_WAVE_RULE_MIN_SLOTS:
         tq3, fp8 = int(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads) + 0.5), 1  # halves up
+    elif tq3_pages / (slots - 1) - tq3_pages / slots > FUSED_FP8_CHUNK_WEIGHT * fp8_pages:
+        tq3 = slots
     tq3 = max(1, min(tq3, tq3_pages // min_split_pages(build, page_size)))
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 

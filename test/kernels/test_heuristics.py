@@ -137,17 +137,22 @@ def test_forced_paths_and_overrides() -> None:
 
 
 @pytest.mark.parametrize(
-    "batch,kv_heads,max_pages,head_dim,splits",
+    "batch,kv_heads,max_pages,head_dim,splits,whole_wave",
     [
-        (1, 8, 2048, 128, (33, 1)),  # Llama-3-8B-class at 128K: one wave of 2 x 132 / 8 slots, FP8 sized for 8 pages
-        (8, 8, 544, 128, (4, 1)),  # #16 (a)'s graph (34,816 tokens): 4 slots a pair, all TQ3 (the fused rule: 3)
-        (8, 3, 128, 64, (22, 1)),  # SmolLM2 at its 8K context, batch 8: 22 slots per (request, kv head)
+        (8, 8, 544, 128, (4, 1), True),  # #16 (a)'s graph (34,816 tokens): 4 slots a pair, all TQ3 (the fused rule: 3)
+        (4, 8, 2048, 128, (8, 1), True),  # Llama-3-8B-class at 128K, 4 rows: 8 slots, 8 TQ3 splits of 255 pages
+        # 1 row: 33 slots; a 33rd TQ3 split would shorten each by 2 pages and push an 8-page FP8 CTA
+        # past the wave: the fused rule's 32
+        (1, 8, 2048, 128, (32, 1), False),
+        (8, 3, 128, 64, (21, 1), False),  # SmolLM2 at its 8K context, batch 8: 22 slots, 5-page splits
     ],
 )
-def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits(batch, kv_heads, max_pages, head_dim, splits) -> None:
-    # with 4 resident slots a (request, kv head) or more, the TQ3 splits fill one wave and the short
-    # FP8 split runs beside them: the fused rule's split of the slots between the formats (for
-    # requests of the whole context, GRAPH_FP8_PAGES of them FP8) gave the TQ3 pages one slot fewer
+def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits_where_it_pays(
+    batch, kv_heads, max_pages, head_dim, splits, whole_wave
+) -> None:
+    # with 4 resident slots a (request, kv head) or more, the fused rule (for requests of the whole
+    # context, GRAPH_FP8_PAGES of them FP8) keeps the FP8 split a slot; the graph gives that slot to
+    # one more TQ3 split where the split saves more pages than the FP8 split holds
     from minima_kernels.heuristics import (
         GRAPH_FP8_PAGES,
         GRAPH_WAVE_RULE_MIN_SLOTS,
@@ -158,13 +163,13 @@ def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits(batch, kv_heads,
     )
 
     build = tile_config(0, 64, head_dim, batch)
+    slots = slots_per_pair(batch, kv_heads, build, 132)
+    assert slots >= GRAPH_WAVE_RULE_MIN_SLOTS
     got = graph_splits(batch, kv_heads, max_pages, 64, build, 132)
     assert got == splits
-    fp8 = min(GRAPH_FP8_PAGES, max_pages)
-    mixed = choose_mixed_splits(batch, kv_heads, max(1, max_pages - fp8), fp8, 64, build, num_sms=132)
-    assert got[1] == mixed[1]
-    assert slots_per_pair(batch, kv_heads, build, 132) >= GRAPH_WAVE_RULE_MIN_SLOTS
-    assert got[0] == slots_per_pair(batch, kv_heads, build, 132) > mixed[0]
+    mixed = choose_mixed_splits(batch, kv_heads, max_pages - GRAPH_FP8_PAGES, GRAPH_FP8_PAGES, 64, build, num_sms=132)
+    assert got == ((slots, mixed[1]) if whole_wave else mixed)
+    assert mixed[0] == slots - 1
 
 
 @pytest.mark.parametrize(
