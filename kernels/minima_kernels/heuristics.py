@@ -46,10 +46,11 @@ GRAPH_FP8_PAGES = 8
 # Its TQ3 splits, from a sweep of 1-32 of them at 4-64 rows of 70, 512 and 2,040 pages (H100,
 # Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With GRAPH_WAVE_RULE_MIN_SLOTS
 # resident CTA slots or more per (request, kv head), one wave of them where that pays: the fused rule
-# keeps the FP8 split a slot of its own; taking it for one more TQ3 split pushes an FP8 CTA past the
+# keeps the FP8 split at least a slot; taking it for one more TQ3 split pushes an FP8 CTA past the
 # wave, where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more
 # (8 rows of 512 / 2,040 pages took 0.64 / 0.60x FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x
-# with 4; of 70 pages, where 4 save less than the FP8 split's 6 pages, 0.79 against 0.67x).
+# with 4; requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x:
+# the rule reads the captured context, not the requests, and a graph of 128K still takes 4 for them).
 # With fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
 # pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x; from 17 rows the fused rule sized
 # for a 128K context had cut 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device

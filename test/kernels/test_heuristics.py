@@ -144,7 +144,7 @@ def test_forced_paths_and_overrides() -> None:
         # 1 row: 33 slots; a 33rd TQ3 split would shorten each by 2 pages and push an 8-page FP8 CTA
         # past the wave: the fused rule's 32
         (1, 8, 2048, 128, (32, 1), False),
-        (8, 3, 128, 64, (21, 1), False),  # SmolLM2 at its 8K context, batch 8: 22 slots, 5-page splits
+        (8, 3, 128, 64, (21, 1), False),  # SmolLM2 (3-bit keys) at its 8K context, batch 8: 22 slots, 5-page splits
     ],
 )
 def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits_where_it_pays(
