@@ -35,12 +35,12 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False)
     for ax, run in zip(axes[0], runs):
         hq, h, d = geometry(run["geometry"])
+        max_pages = -(-max(r["context"] for r in run["rows"]) // PAGE)  # the rule's captured context
         for row in sorted({r["batch"]: r for r in run["rows"]}.values(), key=lambda r: r["batch"]):
             sweep = sorted((int(n), r["x_fp8"]) for n, r in row["sweep"].items())
             c = color[row["batch"]]
             ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=c, label=f"{row['batch']} rows")
             build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
-            max_pages = -(-max(r["context"] for r in run["rows"]) // PAGE)
             tq3, fp8 = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms)
             if fp8 == 1 and str(tq3) in row["sweep"]:  # the sweep's points have one FP8 split
                 ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
