@@ -46,6 +46,14 @@ MAX_POOL_BYTES = 48 << 30  # per config, all pools together
 TQ3_BASE_PAGES = 2048  # distinct TQ3 pages made by the conversion kernel, tiled over the pool
 
 
+def one_wave_share(slots: int, tq3_pages: int, fp8_pages: int) -> tuple[int, int]:
+    """The fused rule's splits before stop 56 at 2 resident slots a (request, kv head) or more: one
+    wave, shared in proportion to the pages, the FP8 split at least a slot (shapes here are long
+    enough for the minimum split)."""
+    tq3 = min(slots - 1, max(1, round(slots * tq3_pages / (tq3_pages + fp8_pages))))
+    return tq3, slots - tq3
+
+
 def bench_ms(fn, graph: bool = True) -> tuple[float, bool]:
     """Median ms of fn(): CUDA-graph replay if fn captures, else eager events."""
     fn()
@@ -201,9 +209,15 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # waves, one split of each format (the rule's equal-work splits against the one-wave share)
             row["fused_splits"] = [wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits]
             build = wrapper.tq3_build
-            if slots_per_pair(batch, h, build) < 2:
+            slots = slots_per_pair(batch, h, build)
+            if slots < 2:
                 wrapper.plan(*plan_args, num_splits=1, num_fp8_splits=1)
                 row["minima_fused_one_split_each_ms"], _ = bench_ms(mixed)
+            elif one_wave_share(slots, n_tq3, n_fp8) != tuple(row["fused_splits"]):
+                # the rule before stop 56 (one wave shared by the work, the FP8 split at least a slot)
+                row["one_wave_share_splits"] = list(one_wave_share(slots, n_tq3, n_fp8))
+                wrapper.plan(*plan_args, num_splits=row["one_wave_share_splits"][0], num_fp8_splits=row["one_wave_share_splits"][1])
+                row["minima_fused_one_wave_share_ms"], _ = bench_ms(mixed)
             if frac == STALE[0]:
                 sweep = {}
                 for weight in FUSED_WEIGHTS:
@@ -502,8 +516,10 @@ def main() -> None:
         return
     configs = [(g, b, c) for c in CONTEXTS for b in BATCHES for g in GEOMETRIES]
     if args.config:
-        wanted = [(g, int(b), int(c)) for g, b, c in (x.split(":") for x in args.config)]
-        configs = [x for x in configs if x in wanted]
+        configs = [(g, int(b), int(c)) for g, b, c in (x.split(":") for x in args.config)]  # any shape, in this order
+        unknown = sorted({g for g, _, _ in configs} - set(GEOMETRIES))
+        if unknown:
+            ap.error(f"--config geometry {unknown[0]!r}: one of {sorted(GEOMETRIES)}")
     for geom, batch, ctx in configs:
         if time.time() - t0 > args.budget_s:
             result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})

@@ -43,22 +43,23 @@ TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
 # decode right (each split takes its share of the request's pages from the lists at replay); only
 # the balance between the two roles rests on this figure.
 GRAPH_FP8_PAGES = 8
-# Its TQ3 splits, from a sweep of 1-32 of them at 4-64 rows of 70, 512 and 2,040 pages (H100,
-# Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With GRAPH_WAVE_RULE_MIN_SLOTS
+# The fused grid's TQ3 splits where the FP8 pages are few (the graph's GRAPH_FP8_PAGES, a gsp request's
+# Recent tier), from a sweep of 1-32 of them at 4-64 rows of 70, 512 and 2,040 pages (H100,
+# Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With WHOLE_WAVE_MIN_SLOTS
 # resident CTA slots or more per (request, kv head), one wave of them where that pays: the fused rule
 # keeps the FP8 split at least a slot; taking it for one more TQ3 split pushes an FP8 CTA past the
 # wave, where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more
 # (8 rows of 512 / 2,040 pages took 0.64 / 0.60x FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x
-# with 4; requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x:
-# the rule reads the captured context, not the requests, and a graph of 128K still takes 4 for them).
-# With fewer, GRAPH_TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
-# pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x; from 17 rows the fused rule sized
-# for a 128K context had cut 4.5K-token requests into 255 TQ3 splits, a 138 ms decode step, device
-# README stop 54). Over the 20 cases these counts came within 1.03x of each case's best on geometric
-# mean (worst 1.18x); 1.5 waves with the fused rule's counts at 4 slots or more 1.04x (1.21x), stop
-# 54's rule 1.21x (2.24x).
-GRAPH_WAVE_RULE_MIN_SLOTS = 4
-GRAPH_TQ3_WAVES = 1.5
+# with 4; requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x).
+# With 2 or 3 slots, TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
+# pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x). A graph takes TQ3_WAVES below 2 slots
+# too (from 17 rows the fused rule sized for a 128K context had cut 4.5K-token requests into 255 TQ3
+# splits, a 138 ms decode step, device README stop 54); an eager step there keeps equal-work splits and
+# ``fused_fits``. Over the sweep's 20 graph cases these counts came within 1.03x of each case's best on
+# geometric mean (worst 1.18x); 1.5 waves with the fused rule's counts at 4 slots or more 1.04x (1.21x),
+# stop 54's rule 1.21x (2.24x).
+WHOLE_WAVE_MIN_SLOTS = 4
+TQ3_WAVES = 1.5
 
 
 def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
@@ -188,6 +189,12 @@ def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: in
     return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
 
 
+def tq3_wave_splits(batch: int, num_kv_heads: int, build: dict[str, int], num_sms: int = NUM_SMS_H200) -> int:
+    """TQ3 splits per (request, kv head) that fill TQ3_WAVES waves of the build's resident slots,
+    halves rounded up (Python's ``round`` would take 9 and 11 Llama-class rows by parity)."""
+    return max(1, int(TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads) + 0.5))
+
+
 def choose_mixed_splits(
     batch: int,
     num_kv_heads: int,
@@ -198,17 +205,23 @@ def choose_mixed_splits(
     fp8_weight: float = FUSED_FP8_CHUNK_WEIGHT,
     num_sms: int = NUM_SMS_H200,
 ) -> tuple[int, int]:
-    """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``: together the CTAs
-    of one wave of the build's resident slots, shared in proportion to each format's work (an FP8
-    chunk weighs ``fp8_weight`` TQ3 chunks). Where the (request, kv head) pairs leave fewer than two
-    slots each, the grid takes several waves anyway: then splits of about equal work (one FP8 split,
-    the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each split has at
-    least MIN_CHUNKS_PER_WARP chunks per warp."""
+    """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``. With
+    WHOLE_WAVE_MIN_SLOTS resident slots or more per (request, kv head) pair, the CTAs of one wave,
+    shared in proportion to each format's work (an FP8 chunk weighs ``fp8_weight`` TQ3 chunks); the
+    whole wave goes to the TQ3 pages where one more TQ3 split shortens each by more than the FP8
+    split's work. With 2 or 3 slots, one FP8 split and TQ3 splits of TQ3_WAVES waves
+    (``tq3_wave_splits``). With fewer, the grid takes several waves anyway: splits of about equal work
+    (one FP8 split, the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each
+    split has at least MIN_CHUNKS_PER_WARP chunks per warp."""
     slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
     tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
-    if slots >= 2:
+    if slots >= WHOLE_WAVE_MIN_SLOTS:
         tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
         fp8 = slots - tq3
+        if tq3_work / (slots - 1) - tq3_work / slots > fp8_work:  # then the rule above gave (slots - 1, 1)
+            tq3 = slots
+    elif slots >= 2:
+        tq3, fp8 = tq3_wave_splits(batch, num_kv_heads, build, num_sms), 1
     else:
         tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
     min_pages = min_split_pages(build, page_size)
@@ -242,20 +255,14 @@ def graph_splits(
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
-    model's). Where each (request, kv head) pair has GRAPH_WAVE_RULE_MIN_SLOTS resident slots or more,
-    ``choose_mixed_splits``'s for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them FP8, but TQ3
-    splits of the whole wave of slots where one more split shortens each by more than the FP8 pages;
-    with fewer slots, one FP8 split and TQ3 splits of GRAPH_TQ3_WAVES waves. Each split holds at least
-    ``min_split_pages`` pages."""
+    model's). ``choose_mixed_splits``'s for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them
+    FP8, but below 2 resident slots a pair TQ3 splits of TQ3_WAVES waves too: equal-work splits of
+    the whole context would leave most CTAs without a page."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3_pages = max(1, max_pages - fp8_pages)
     tq3, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
-    slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
-    if slots < GRAPH_WAVE_RULE_MIN_SLOTS:
-        tq3, fp8 = int(GRAPH_TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads) + 0.5), 1  # halves up
-    elif tq3_pages / (slots - 1) - tq3_pages / slots > FUSED_FP8_CHUNK_WEIGHT * fp8_pages:
-        tq3 = slots
-    tq3 = max(1, min(tq3, tq3_pages // min_split_pages(build, page_size)))
+    if slots_per_pair(batch, num_kv_heads, build, num_sms) < 2:
+        tq3 = max(1, min(tq3_wave_splits(batch, num_kv_heads, build, num_sms), tq3_pages // min_split_pages(build, page_size)))
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 

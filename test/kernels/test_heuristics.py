@@ -53,6 +53,40 @@ def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int,
 
 
 @pytest.mark.parametrize(
+    "batch,tq3_pages,fp8_pages,splits,before",
+    # Llama-3-8B-class, 4-bit keys, 132 SMs: 264 resident slots; the sweep's requests (device README
+    # stop 55: 8 FP8 pages of 512 or 2,040) and #16's kernel target (75% Stale at 32K)
+    [
+        (8, 504, 8, (4, 1), (3, 1)),  # 4 slots: a 4th TQ3 split saves 42 pages a CTA, the FP8 split holds 8
+        (8, 2032, 8, (4, 1), (3, 1)),
+        (4, 2032, 8, (8, 1), (7, 1)),
+        (8, 64, 6, (3, 1), (3, 1)),  # a 4th would save 5 pages, fewer than the FP8 split's 6
+        (8, 384, 128, (3, 1), (3, 1)),  # 75% Stale: the FP8 pages take their slot
+        (12, 504, 8, (4, 1), (1, 1)),  # 2 slots: 1.5 waves of TQ3 splits, one FP8 split
+        (16, 2032, 8, (3, 1), (1, 1)),
+        (12, 384, 128, (4, 1), (1, 1)),
+        (32, 384, 128, (3, 1), (3, 1)),  # 1 slot: equal-work splits, as before
+    ],
+)
+def test_eager_fused_splits_take_the_graphs_waves(batch, tq3_pages, fp8_pages, splits, before) -> None:
+    # The sweep's eager column (an eager plan on the real page counts) took (1, 1) at 12-16 rows,
+    # 0.85-0.90x FlashInfer FP8's time where 2-4 TQ3 splits took 0.40-0.56x, and (3, 1) at 8 rows of
+    # 512 / 2,040 pages, 0.64 / 0.60x where 4 took 0.56 / 0.50x: the eager step now takes the graph's
+    # rule on its real page counts
+    from minima_kernels.heuristics import choose_mixed_splits, graph_splits, slots_per_pair, tile_config
+
+    build = tile_config(4, 64, 128, batch, key_bits=4)
+    got = choose_mixed_splits(batch, 8, tq3_pages, fp8_pages, 64, build, num_sms=132)
+    assert got == splits
+    slots = slots_per_pair(batch, 8, build, 132)
+    if slots >= 2:  # the one-wave share the rule took before (benchmark/kernels/bench_decode.py times it beside)
+        share = min(slots - 1, max(1, round(slots * tq3_pages / (tq3_pages + fp8_pages))))
+        assert (share, slots - share) == before
+    if fp8_pages == 8:  # a graph of this context takes the same splits
+        assert graph_splits(batch, 8, tq3_pages + fp8_pages, 64, build, 132) == splits
+
+
+@pytest.mark.parametrize(
     "batch,kv_heads,tq3_pages,fp8_pages,head_dim,fits",
     [
         (1, 4, 384, 128, 256, True),  # one wave: always fused
@@ -150,12 +184,13 @@ def test_forced_paths_and_overrides() -> None:
 def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits_where_it_pays(
     batch, kv_heads, max_pages, head_dim, splits, whole_wave
 ) -> None:
-    # with 4 resident slots a (request, kv head) or more, the fused rule (for requests of the whole
-    # context, GRAPH_FP8_PAGES of them FP8) keeps the FP8 split a slot; the graph gives that slot to
-    # one more TQ3 split where the split saves more pages than the FP8 split holds
+    # with 4 resident slots a (request, kv head) or more, the one-wave share (for requests of the
+    # whole context, GRAPH_FP8_PAGES of them FP8) keeps the FP8 split a slot; the graph, like an eager
+    # step's fused rule, gives that slot to one more TQ3 split where the split saves more pages than
+    # the FP8 split holds
     from minima_kernels.heuristics import (
         GRAPH_FP8_PAGES,
-        GRAPH_WAVE_RULE_MIN_SLOTS,
+        WHOLE_WAVE_MIN_SLOTS,
         choose_mixed_splits,
         graph_splits,
         slots_per_pair,
@@ -164,12 +199,11 @@ def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits_where_it_pays(
 
     build = tile_config(0, 64, head_dim, batch)
     slots = slots_per_pair(batch, kv_heads, build, 132)
-    assert slots >= GRAPH_WAVE_RULE_MIN_SLOTS
+    assert slots >= WHOLE_WAVE_MIN_SLOTS
     got = graph_splits(batch, kv_heads, max_pages, 64, build, 132)
     assert got == splits
-    mixed = choose_mixed_splits(batch, kv_heads, max_pages - GRAPH_FP8_PAGES, GRAPH_FP8_PAGES, 64, build, num_sms=132)
-    assert got == ((slots, mixed[1]) if whole_wave else mixed)
-    assert mixed[0] == slots - 1
+    assert got == choose_mixed_splits(batch, kv_heads, max_pages - GRAPH_FP8_PAGES, GRAPH_FP8_PAGES, 64, build, num_sms=132)
+    assert got[0] == (slots if whole_wave else slots - 1)
 
 
 @pytest.mark.parametrize(
@@ -184,10 +218,11 @@ def test_a_graph_with_few_slots_a_pair_takes_a_wave_and_a_half_of_tq3_splits(bat
     # split a slot of its own and the TQ3 pages one CTA (12-16 rows of 512-2,040 pages: 0.85-0.90x
     # FlashInfer FP8 where 2-4 splits take 0.40-0.56x), and from 17 rows cut them into hundreds of
     # splits the real requests leave empty (64 rows at 128K: 255, a 138 ms decode step; stop 54 capped
-    # them at 4). Now the TQ3 CTAs fill 1.5 waves, whatever the context
+    # them at 4). Now the TQ3 CTAs fill 1.5 waves, whatever the context; an eager step's fused rule
+    # takes the same at 2 or 3 slots and equal-work splits of its real pages below 2
     from minima_kernels.heuristics import (
-        GRAPH_TQ3_WAVES,
-        GRAPH_WAVE_RULE_MIN_SLOTS,
+        TQ3_WAVES,
+        WHOLE_WAVE_MIN_SLOTS,
         choose_mixed_splits,
         graph_splits,
         slots_per_pair,
@@ -195,11 +230,12 @@ def test_a_graph_with_few_slots_a_pair_takes_a_wave_and_a_half_of_tq3_splits(bat
     )
 
     build = tile_config(4, 64, 128, batch, key_bits=4)
-    assert slots_per_pair(batch, 8, build, 132) < GRAPH_WAVE_RULE_MIN_SLOTS
+    assert slots_per_pair(batch, 8, build, 132) < WHOLE_WAVE_MIN_SLOTS
     tq3, fp8 = graph_splits(batch, 8, max_pages, 64, build, 132)
     assert (tq3, fp8) == (splits, 1)
-    assert abs(tq3 * batch * 8 - GRAPH_TQ3_WAVES * build["min_blocks"] * 132) <= batch * 8 / 2  # the nearest count
-    assert choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132) != (tq3, fp8)  # the fused rule's
+    assert abs(tq3 * batch * 8 - TQ3_WAVES * build["min_blocks"] * 132) <= batch * 8 / 2  # the nearest count
+    eager = choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132)
+    assert (eager == (tq3, fp8)) == (slots_per_pair(batch, 8, build, 132) >= 2)
 
 
 def test_a_graph_keeps_a_split_of_whole_warps_at_short_contexts() -> None:
