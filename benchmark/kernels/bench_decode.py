@@ -30,7 +30,13 @@ from minima_kernels import (
     tq3_to_fp8,
 )
 from minima_kernels.common import MAX_SPLITS, key_centroids_fp16
-from minima_kernels.heuristics import TILELANG_FP8_MAX_TOKENS, choose_mixed_splits, slots_per_pair, tilelang_fp8_preferred
+from minima_kernels.heuristics import (
+    TILELANG_FP8_MAX_TOKENS,
+    choose_mixed_splits,
+    min_split_pages,
+    slots_per_pair,
+    tilelang_fp8_preferred,
+)
 from render_decode import previous_ms
 from wrapper_parts import run_fp8, run_glue, run_tq3
 from sglang_minima.codec import LayerRotation, TQ3PageLayout, encode_pages, key_codebook
@@ -46,12 +52,12 @@ MAX_POOL_BYTES = 48 << 30  # per config, all pools together
 TQ3_BASE_PAGES = 2048  # distinct TQ3 pages made by the conversion kernel, tiled over the pool
 
 
-def one_wave_share(slots: int, tq3_pages: int, fp8_pages: int) -> tuple[int, int]:
+def one_wave_share(slots: int, tq3_pages: int, fp8_pages: int, min_pages: int) -> tuple[int, int]:
     """The fused rule's splits before stop 56 at 2 resident slots a (request, kv head) or more: one
-    wave, shared in proportion to the pages, the FP8 split at least a slot (shapes here are long
-    enough for the minimum split)."""
+    wave, shared in proportion to the pages, the FP8 split at least a slot, each split at least
+    ``min_pages`` pages."""
     tq3 = min(slots - 1, max(1, round(slots * tq3_pages / (tq3_pages + fp8_pages))))
-    return tq3, slots - tq3
+    return max(1, min(tq3, tq3_pages // min_pages)), max(1, min(slots - tq3, fp8_pages // min_pages))
 
 
 def bench_ms(fn, graph: bool = True) -> tuple[float, bool]:
@@ -209,19 +215,19 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             # waves, one split of each format (the rule's equal-work splits against the one-wave share)
             row["fused_splits"] = [wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits]
             build = wrapper.tq3_build
-            slots = slots_per_pair(batch, h, build)
+            slots = slots_per_pair(batch, h, build, wrapper.num_sms)
             if slots < 2:
                 wrapper.plan(*plan_args, num_splits=1, num_fp8_splits=1)
                 row["minima_fused_one_split_each_ms"], _ = bench_ms(mixed)
-            elif one_wave_share(slots, n_tq3, n_fp8) != tuple(row["fused_splits"]):
+            elif (share := one_wave_share(slots, n_tq3, n_fp8, min_split_pages(build, PAGE))) != tuple(row["fused_splits"]):
                 # the rule before stop 56 (one wave shared by the work, the FP8 split at least a slot)
-                row["one_wave_share_splits"] = list(one_wave_share(slots, n_tq3, n_fp8))
+                row["one_wave_share_splits"] = list(share)
                 wrapper.plan(*plan_args, num_splits=row["one_wave_share_splits"][0], num_fp8_splits=row["one_wave_share_splits"][1])
                 row["minima_fused_one_wave_share_ms"], _ = bench_ms(mixed)
             if frac == STALE[0]:
                 sweep = {}
                 for weight in FUSED_WEIGHTS:
-                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, build, fp8_weight=weight)
+                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, build, fp8_weight=weight, num_sms=wrapper.num_sms)
                     if splits not in sweep.values():
                         wrapper.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
                         row[f"minima_fused_w{weight}_ms"], _ = bench_ms(mixed)
@@ -486,6 +492,15 @@ def main() -> None:
                     help="the TQ3 pages' key width (--minima-key-bits; default: the launcher's)")
     ap.add_argument("--key-center", action="store_true", help="page-centered keys (--minima-key-center)")
     args = ap.parse_args()
+    configs = [(g, b, c) for c in CONTEXTS for b in BATCHES for g in GEOMETRIES]
+    if args.config:  # any shape, in this order; checked before the GPU does anything
+        configs = []
+        for x in args.config:
+            geom, _, rest = x.partition(":")
+            batch, _, ctx = rest.partition(":")
+            if geom not in GEOMETRIES or not (batch.isdigit() and ctx.isdigit()) or int(batch) < 1 or int(ctx) < PAGE:
+                ap.error(f"--config {x!r}: GEOM:BATCH:CTX, GEOM one of {sorted(GEOMETRIES)}, BATCH >= 1, CTX >= {PAGE} tokens")
+            configs.append((geom, int(batch), int(ctx)))
     dev = "cuda"
     t0 = time.time()
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
@@ -514,12 +529,6 @@ def main() -> None:
         print_variants(result)
     if args.variants_only:
         return
-    configs = [(g, b, c) for c in CONTEXTS for b in BATCHES for g in GEOMETRIES]
-    if args.config:
-        configs = [(g, int(b), int(c)) for g, b, c in (x.split(":") for x in args.config)]  # any shape, in this order
-        unknown = sorted({g for g, _, _ in configs} - set(GEOMETRIES))
-        if unknown:
-            ap.error(f"--config geometry {unknown[0]!r}: one of {sorted(GEOMETRIES)}")
     for geom, batch, ctx in configs:
         if time.time() - t0 > args.budget_s:
             result["not_run"].append({"geom": geom, "batch": batch, "ctx": ctx, "why": "time budget"})

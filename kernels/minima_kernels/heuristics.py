@@ -51,7 +51,8 @@ GRAPH_FP8_PAGES = 8
 # wave, where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more
 # (8 rows of 512 / 2,040 pages took 0.64 / 0.60x FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x
 # with 4; requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x).
-# With 2 or 3 slots, TQ3_WAVES waves: smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
+# With 2 or 3 slots, TQ3_WAVES waves and one FP8 split (an eager step: where its FP8 pages leave the
+# FP8 split one slot; a graph: always): smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
 # pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x). A graph takes TQ3_WAVES below 2 slots
 # too (from 17 rows the fused rule sized for a 128K context had cut 4.5K-token requests into 255 TQ3
 # splits, a 138 ms decode step, device README stop 54); an eager step there keeps equal-work splits and
@@ -209,19 +210,20 @@ def choose_mixed_splits(
     WHOLE_WAVE_MIN_SLOTS resident slots or more per (request, kv head) pair, the CTAs of one wave,
     shared in proportion to each format's work (an FP8 chunk weighs ``fp8_weight`` TQ3 chunks); the
     whole wave goes to the TQ3 pages where one more TQ3 split shortens each by more than the FP8
-    split's work. With 2 or 3 slots, one FP8 split and TQ3 splits of TQ3_WAVES waves
-    (``tq3_wave_splits``). With fewer, the grid takes several waves anyway: splits of about equal work
+    split's work. With 2 or 3 slots, where that share leaves one FP8 split, TQ3 splits of TQ3_WAVES
+    waves (``tq3_wave_splits``). With fewer, the grid takes several waves anyway: splits of about equal work
     (one FP8 split, the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each
     split has at least MIN_CHUNKS_PER_WARP chunks per warp."""
     slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
     tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
-    if slots >= WHOLE_WAVE_MIN_SLOTS:
+    if slots >= 2:
         tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
         fp8 = slots - tq3
-        if tq3_work / (slots - 1) - tq3_work / slots > fp8_work:  # then the rule above gave (slots - 1, 1)
-            tq3 = slots
-    elif slots >= 2:
-        tq3, fp8 = tq3_wave_splits(batch, num_kv_heads, build, num_sms), 1
+        if slots >= WHOLE_WAVE_MIN_SLOTS:
+            if tq3_work / (slots - 1) - tq3_work / slots > fp8_work:  # then the share above gave (slots - 1, 1)
+                tq3 = slots
+        elif fp8 == 1:  # 2 slots, or 3 with more TQ3 work than FP8
+            tq3 = tq3_wave_splits(batch, num_kv_heads, build, num_sms)
     else:
         tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
     min_pages = min_split_pages(build, page_size)
@@ -256,13 +258,15 @@ def graph_splits(
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
     model's). ``choose_mixed_splits``'s for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them
-    FP8, but below 2 resident slots a pair TQ3 splits of TQ3_WAVES waves too: equal-work splits of
-    the whole context would leave most CTAs without a page."""
+    FP8; below WHOLE_WAVE_MIN_SLOTS resident slots a pair, one FP8 split and TQ3 splits of TQ3_WAVES
+    waves whatever the context (below 2 slots equal-work splits of the whole context would leave most
+    CTAs without a page). Each split holds at least ``min_split_pages`` pages."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3_pages = max(1, max_pages - fp8_pages)
     tq3, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
-    if slots_per_pair(batch, num_kv_heads, build, num_sms) < 2:
+    if slots_per_pair(batch, num_kv_heads, build, num_sms) < WHOLE_WAVE_MIN_SLOTS:
         tq3 = max(1, min(tq3_wave_splits(batch, num_kv_heads, build, num_sms), tq3_pages // min_split_pages(build, page_size)))
+        fp8 = 1
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 

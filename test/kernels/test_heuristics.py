@@ -65,6 +65,8 @@ def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int,
         (12, 504, 8, (4, 1), (1, 1)),  # 2 slots: 1.5 waves of TQ3 splits, one FP8 split
         (16, 2032, 8, (3, 1), (1, 1)),
         (12, 384, 128, (4, 1), (1, 1)),
+        (10, 500, 8, (5, 1), (2, 1)),  # 3 slots, more TQ3 work than FP8: 1.5 waves
+        (10, 48, 200, (1, 2), (1, 2)),  # 3 slots, the FP8 pages take two: the share stays
         (32, 384, 128, (3, 1), (3, 1)),  # 1 slot: equal-work splits, as before
     ],
 )
