@@ -227,7 +227,7 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             if frac == STALE[0]:
                 sweep = {}
                 for weight in FUSED_WEIGHTS:
-                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, build, fp8_weight=weight, num_sms=wrapper.num_sms)
+                    splits = choose_mixed_splits(batch, h, n_tq3, n_fp8, PAGE, build, fp8_weight=weight, num_sms=wrapper.num_sms, head_dim=d)
                     if splits not in sweep.values():
                         wrapper.plan(*plan_args, num_splits=splits[0], num_fp8_splits=splits[1])
                         row[f"minima_fused_w{weight}_ms"], _ = bench_ms(mixed)

@@ -4,10 +4,9 @@ A captured decode fixes its split counts at capture (``heuristics.graph_splits``
 size and the model's longest context; the requests then divide their pages among those splits. This
 times the fused decode of one layer at requests of ``--pages`` pages (``--fp8-pages`` of them FP8, the
 rest TQ3, like a gsp request at the defaults) with the split counts each rule gives for a model
-context: the rule before stop 54 (``before``: the fused rule for requests of the whole context; from 17
-Llama-class rows its TQ3 pages cut to the FP8 split's size), today's ``heuristics.graph_splits``
-(``graph_rule``; stop 55's JSON files call stop 54's rule ``capped``), the fused split rule on the
-real page counts (``fused_real``) and a sweep of TQ3 splits (one FP8 split); beside them the eager
+context: today's ``heuristics.graph_splits`` (``graph_rule``; stop 55's JSON files call stop 54's rule
+``capped`` and hold the rule before it, ``before``), the fused split rule on the real page counts
+(``fused_real``) and a sweep of TQ3 splits (one FP8 split); beside them the eager
 step's own choice (``auto``: at these shapes often the two-launch path) and FlashInfer's FP8 decode
 over the same pages in FP8, the baseline. CUDA-graph medians (``graph`` false: timed eagerly).
 
@@ -26,12 +25,9 @@ from sglang_minima.codec import LayerRotation
 from tqdm import tqdm
 
 
-def rules(batch: int, h: int, max_pages: int, build: dict, num_sms: int) -> dict[str, tuple[int, int]]:
-    """(TQ3, FP8) splits per rule for a graph of ``batch`` rows and a model of ``max_pages`` pages."""
-    rule = heuristics.graph_splits(batch, h, max_pages, PAGE, build, num_sms)
-    fp8 = min(heuristics.GRAPH_FP8_PAGES, max_pages)
-    before = heuristics.choose_mixed_splits(batch, h, max(1, max_pages - fp8), fp8, PAGE, build, num_sms=num_sms)
-    return {"before": tuple(min(s, heuristics.MAX_SPLITS) for s in before), "graph_rule": rule}
+def graph_rule(batch: int, h: int, d: int, max_pages: int, build: dict, num_sms: int) -> tuple[int, int]:
+    """(TQ3, FP8) splits of a graph of ``batch`` rows captured for a model of ``max_pages`` pages."""
+    return heuristics.graph_splits(batch, h, max_pages, PAGE, build, num_sms, head_dim=d)
 
 
 def save(result: dict, path: str) -> None:
@@ -97,8 +93,8 @@ def main() -> None:
                 continue
             row = {"batch": batch, "context": ctx,
                    "sweep": {str(n): timed((n, 1)) for n in (int(x) for x in args.sweep.split(","))}}
-            for name, splits in {**rules(batch, h, -(-ctx // PAGE), wrapper.tq3_build, num_sms), "fused_real": fused_real}.items():
-                row[name] = timed(splits)
+            row["graph_rule"] = timed(graph_rule(batch, h, d, -(-ctx // PAGE), wrapper.tq3_build, num_sms))
+            row["fused_real"] = timed(fused_real)
             rows.append(row)
             result["rows"].append(row)
             save(result, args.out)
@@ -114,10 +110,10 @@ def main() -> None:
                                                torch.float8_e4m3fn, (0.5, 0.5)))
         for row in rows:
             row["flashinfer_fp8_ms"], row["flashinfer_fp8_graph"] = fp8_ms, fp8_graph
-            for part in (row["before"], row["graph_rule"], row["fused_real"], row["auto"], *row["sweep"].values()):
+            for part in (row["graph_rule"], row["fused_real"], row["auto"], *row["sweep"].values()):
                 part["x_fp8"] = part["ms"] / fp8_ms
         save(result, args.out)
-    names = ("before", "graph_rule", "fused_real", "auto")
+    names = ("graph_rule", "fused_real", "auto")
     print(f"{'rows':>4} {'context':>7} {'FP8 ms':>8}  " + "  ".join(f"{n:>26}" for n in names) + "  sweep (TQ3 splits: x FP8)")
     for row in result["rows"]:
         cells = [f"{str(tuple(row[n]['splits'])):>10} {row[n]['ms']:.4f} ({row[n]['x_fp8']:.2f}x)" for n in names]

@@ -41,7 +41,7 @@ def main() -> None:
             c = color[row["batch"]]
             ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=c, label=f"{row['batch']} rows")
             build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
-            tq3, fp8 = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms)
+            tq3, fp8 = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms, head_dim=d)
             if fp8 == 1 and str(tq3) in row["sweep"]:  # the sweep's points have one FP8 split
                 ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
         ax.set_xscale("log", base=2)

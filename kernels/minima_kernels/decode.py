@@ -268,7 +268,9 @@ class MinimaDecodeWrapper:
             if t.device != self.device or t.dtype != torch.int32:
                 raise ValueError(f"plan_graph: {name} must be int32 on {self.device} (read in place), got {t.dtype} on {t.device}")
         tq3_build = {**self._tile_config(batch), **self._tq3_config}
-        tq3_splits, fp8_splits = graph_splits(batch, self.num_kv_heads, max_pages, self.page_size, tq3_build, self.num_sms)
+        tq3_splits, fp8_splits = graph_splits(
+            batch, self.num_kv_heads, max_pages, self.page_size, tq3_build, self.num_sms, head_dim=self.head_dim
+        )
         path = DecodePath(fused=True, tilelang_fp8=False, tq3_splits=tq3_splits, fp8_splits=fp8_splits)
         kernels = self._path_kernels(path, True, tq3_build, None)
         buffers = self._graph_buffers.setdefault((batch, tq3_splits, fp8_splits), {})

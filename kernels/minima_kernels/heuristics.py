@@ -44,23 +44,33 @@ TWO_PAGE_STEP_MIN_PAGES = 8  # pages per split from which a step takes 2 pages
 # the balance between the two roles rests on this figure.
 GRAPH_FP8_PAGES = 8
 # The fused grid's TQ3 splits where the FP8 pages are few (the graph's GRAPH_FP8_PAGES, a gsp request's
-# Recent tier), from a sweep of 1-32 of them at 4-64 rows of 70, 512 and 2,040 pages (H100,
-# Llama-class, 4-bit keys; bench_graph_splits.py, device README stop 55). With WHOLE_WAVE_MIN_SLOTS
-# resident CTA slots or more per (request, kv head), one wave of them where that pays: the fused rule
-# keeps the FP8 split at least a slot; taking it for one more TQ3 split pushes an FP8 CTA past the
-# wave, where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more
-# (8 rows of 512 / 2,040 pages took 0.64 / 0.60x FlashInfer FP8's time with 3 TQ3 splits, 0.56 / 0.50x
-# with 4; requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x).
-# With 2 or 3 slots, TQ3_WAVES waves and one FP8 split (an eager step: where its FP8 pages leave the
-# FP8 split one slot; a graph: always): smaller CTAs even out the waves' tail (12-16 rows of 512-2,040
-# pages: one TQ3 CTA took 0.85-0.90x where 2-4 take 0.40-0.56x). A graph takes TQ3_WAVES below 2 slots
-# too (from 17 rows the fused rule sized for a 128K context had cut 4.5K-token requests into 255 TQ3
-# splits, a 138 ms decode step, device README stop 54); an eager step there keeps equal-work splits and
-# ``fused_fits``. Over the sweep's 20 graph cases these counts came within 1.03x of each case's best on
-# geometric mean (worst 1.18x); 1.5 waves with the fused rule's counts at 4 slots or more 1.04x (1.21x),
-# stop 54's rule 1.21x (2.24x).
+# Recent tier), from sweeps of 1-32 of them with one FP8 split (H100, 4-bit keys, bench_graph_splits.py:
+# Llama-class at 4-64 rows of 70, 512 and 2,040 pages, device README stop 55; 8-16 rows of 512 pages
+# and SmolLM2 at 32-128 rows of 70 and 128 pages, stop 56).
+# - WHOLE_WAVE_MIN_SLOTS resident CTA slots or more per (request, kv head): the share of one wave by
+#   work keeps the FP8 split a slot; taking it for one more TQ3 split pushes an FP8 CTA past the wave,
+#   where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more (8
+#   rows of 512 / 2,040 pages: 3 TQ3 splits 0.64 / 0.60x FlashInfer FP8's time, 4 splits 0.56 / 0.50x;
+#   requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x).
+# - Fewer (an eager step: where its FP8 pages leave the FP8 split one slot; a graph: always): one FP8
+#   split and TQ3 splits of one wave, or of TQ3_WAVES waves (halves up) where one wave would fill under
+#   WAVE_FILL_MIN of the resident slots and the 1.5 waves' splits still hold TQ3_WAVES_MIN_PAGES pages
+#   of head dim 128 (pages x head dim / 128) each: a split costs a fixed share (its key table, its
+#   partial), more splits even out a badly filled wave. One wave: 9-11 Llama-class rows (3 slots a
+#   pair, 82-100% of the GPU's: 3 TQ3 splits 0.52-0.57x, 5-6 splits 0.55-0.61x), 16 rows (2 slots,
+#   97%: 2 splits 0.49-0.54x at 512-2,040 pages), SmolLM2's 48 rows (73%, but 1.5 waves' 4 splits of 8-15 such pages: 2
+#   splits 0.52 / 0.66x, 4 splits 0.58 / 0.79x at 128 / 70 pages), 64 and 96 rows. 1.5 waves: 12
+#   Llama-class rows (73%: 4 splits of 126 pages 0.45x, 2 splits 0.50x); 17 rows (one split fills 52%;
+#   3 splits 0.36-0.57x, one 0.48-0.62x). Before stop 55 a graph's equal-work splits of the whole
+#   context cut 4.5K-token requests at 17+ rows into 255 TQ3 splits (a 138 ms decode step, stop 54);
+#   an eager step below 2 slots keeps equal-work splits of its real pages and ``fused_fits``.
+# Over the 49 graph cases of both sweeps these counts came within 1.023x of each case's best on
+# geometric mean (worst 1.18x, 17 rows of 2,040 pages); stop 55's rule (1.5 waves below 4 slots) 1.043x
+# (worst 1.20x, SmolLM2's 48 rows), stop 54's 1.21x over its 20 cases (worst 2.24x).
 WHOLE_WAVE_MIN_SLOTS = 4
 TQ3_WAVES = 1.5
+WAVE_FILL_MIN = 0.8
+TQ3_WAVES_MIN_PAGES = 64
 
 
 def fp8_tile_config(page_size: int, head_dim: int = 128, pages_per_split: int = 1) -> dict[str, int]:
@@ -190,10 +200,19 @@ def choose_fp8_splits(batch: int, num_kv_heads: int, max_pages: int, num_sms: in
     return max(1, min(want, max_pages // FP8_MIN_PAGES_PER_SPLIT, MAX_SPLITS))
 
 
-def tq3_wave_splits(batch: int, num_kv_heads: int, build: dict[str, int], num_sms: int = NUM_SMS_H200) -> int:
-    """TQ3 splits per (request, kv head) that fill TQ3_WAVES waves of the build's resident slots,
-    halves rounded up (Python's ``round`` would take 9 and 11 Llama-class rows by parity)."""
-    return max(1, int(TQ3_WAVES * build["min_blocks"] * num_sms / (batch * num_kv_heads) + 0.5))
+def few_slot_tq3_splits(
+    batch: int, num_kv_heads: int, tq3_pages: int, head_dim: int, build: dict[str, int], num_sms: int = NUM_SMS_H200
+) -> int:
+    """TQ3 splits per (request, kv head) where the pairs have under WHOLE_WAVE_MIN_SLOTS resident
+    slots each: one wave of them (at least one split), or TQ3_WAVES waves (halves up) where one wave
+    would fill under WAVE_FILL_MIN of the slots and the 1.5 waves' splits still hold
+    TQ3_WAVES_MIN_PAGES pages of head dim 128 each."""
+    slots = build["min_blocks"] * num_sms / (batch * num_kv_heads)
+    one = max(1, int(slots))
+    waves = max(1, int(TQ3_WAVES * slots + 0.5))
+    if one / slots < WAVE_FILL_MIN and tq3_pages * head_dim >= TQ3_WAVES_MIN_PAGES * 128 * waves:
+        return waves
+    return one
 
 
 def choose_mixed_splits(
@@ -205,13 +224,15 @@ def choose_mixed_splits(
     build: dict[str, int],
     fp8_weight: float = FUSED_FP8_CHUNK_WEIGHT,
     num_sms: int = NUM_SMS_H200,
+    *,
+    head_dim: int,
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of ``mixed_decode_kernel``. With
     WHOLE_WAVE_MIN_SLOTS resident slots or more per (request, kv head) pair, the CTAs of one wave,
     shared in proportion to each format's work (an FP8 chunk weighs ``fp8_weight`` TQ3 chunks); the
     whole wave goes to the TQ3 pages where one more TQ3 split shortens each by more than the FP8
-    split's work. With 2 or 3 slots, where that share leaves one FP8 split, TQ3 splits of TQ3_WAVES
-    waves (``tq3_wave_splits``). With fewer, the grid takes several waves anyway: splits of about equal work
+    split's work. With 2 or 3 slots, where that share leaves one FP8 split, ``few_slot_tq3_splits``
+    (one wave, or 1.5 where one fills the GPU badly and the CTAs stay long). With fewer, the grid takes several waves anyway: splits of about equal work
     (one FP8 split, the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each
     split has at least MIN_CHUNKS_PER_WARP chunks per warp."""
     slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
@@ -223,7 +244,7 @@ def choose_mixed_splits(
             if tq3_work / (slots - 1) - tq3_work / slots > fp8_work:  # then the share above gave (slots - 1, 1)
                 tq3 = slots
         elif fp8 == 1:  # 2 slots, or 3 with more TQ3 work than FP8
-            tq3 = tq3_wave_splits(batch, num_kv_heads, build, num_sms)
+            tq3 = few_slot_tq3_splits(batch, num_kv_heads, max_tq3_pages, head_dim, build, num_sms)
     else:
         tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
     min_pages = min_split_pages(build, page_size)
@@ -238,12 +259,16 @@ def fused_fits(
     page_size: int,
     build: dict[str, int],
     num_sms: int = NUM_SMS_H200,
+    *,
+    head_dim: int,
 ) -> bool:
     """Whether "auto" takes the fused decode for this batch: unless its grid takes several waves
     (fewer than 2 resident slots per (request, kv head)) of TQ3 splits under FUSED_MULTI_WAVE_MIN_PAGES."""
     if slots_per_pair(batch, num_kv_heads, build, num_sms) >= 2:
         return True
-    tq3_splits, _ = choose_mixed_splits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, build, num_sms=num_sms)
+    tq3_splits, _ = choose_mixed_splits(
+        batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, build, num_sms=num_sms, head_dim=head_dim
+    )
     return max_tq3_pages >= FUSED_MULTI_WAVE_MIN_PAGES * tq3_splits
 
 
@@ -254,19 +279,23 @@ def graph_splits(
     page_size: int,
     build: dict[str, int],
     num_sms: int = NUM_SMS_H200,
+    *,
+    head_dim: int,
 ) -> tuple[int, int]:
     """(TQ3 splits, FP8 splits) per (request, kv head) of a CUDA graph's fused decode, from what is
     fixed at capture only: the batch size and ``max_pages``, the longest context in pages (the
     model's). ``choose_mixed_splits``'s for requests of ``max_pages`` pages, GRAPH_FP8_PAGES of them
-    FP8; below WHOLE_WAVE_MIN_SLOTS resident slots a pair, one FP8 split and TQ3 splits of TQ3_WAVES
-    waves whatever the context (below 2 slots equal-work splits of the whole context would leave most
-    CTAs without a page). Each split holds at least ``min_split_pages`` pages."""
+    FP8; below WHOLE_WAVE_MIN_SLOTS resident slots a pair, one FP8 split and ``few_slot_tq3_splits``
+    whatever the share (below 2 slots equal-work splits of the whole context would leave most CTAs
+    without a page). Each split holds at least ``min_split_pages`` pages."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3_pages = max(1, max_pages - fp8_pages)
-    tq3, fp8 = choose_mixed_splits(batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms)
+    tq3, fp8 = choose_mixed_splits(
+        batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms, head_dim=head_dim
+    )
     if slots_per_pair(batch, num_kv_heads, build, num_sms) < WHOLE_WAVE_MIN_SLOTS:
-        tq3 = max(1, min(tq3_wave_splits(batch, num_kv_heads, build, num_sms), tq3_pages // min_split_pages(build, page_size)))
-        fp8 = 1
+        few = few_slot_tq3_splits(batch, num_kv_heads, tq3_pages, head_dim, build, num_sms)
+        tq3, fp8 = max(1, min(few, tq3_pages // min_split_pages(build, page_size))), 1
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 
@@ -365,7 +394,7 @@ def choose_path(
         or (
             fp8_kernel == "auto"
             and fp8_page_size == page_size
-            and fused_fits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms)
+            and fused_fits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms, head_dim=head_dim)
         )
     )
     use_tilelang = (
@@ -377,7 +406,7 @@ def choose_path(
     )
     if use_fused:
         tq3_splits, fp8_splits = choose_mixed_splits(
-            batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms=num_sms
+            batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms=num_sms, head_dim=head_dim
         )
         tq3_splits, fp8_splits = num_splits or tq3_splits, num_fp8_splits or fp8_splits
     else:

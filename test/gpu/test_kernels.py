@@ -239,7 +239,7 @@ def test_fused_plan_shares_one_wave(hq: int, h: int, d: int, p: int) -> None:
         _check(batch, *_run_poisoned(wrapper, batch), hq, d)
         build = tile_config(hq // h, p, d, len(last))
         assert (wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits) == choose_mixed_splits(
-            len(last), h, max(tq3_pages), max(fp8_pages), p, build
+            len(last), h, max(tq3_pages), max(fp8_pages), p, build, head_dim=d
         )
 
 

@@ -49,7 +49,7 @@ def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int,
     from minima_kernels.heuristics import choose_mixed_splits
 
     build = tile_config(0, 64, head_dim, batch)
-    assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, build) == splits
+    assert choose_mixed_splits(batch, kv_heads, tq3_pages, fp8_pages, 64, build, head_dim=head_dim) == splits
 
 
 @pytest.mark.parametrize(
@@ -62,10 +62,13 @@ def test_fused_splits(batch: int, kv_heads: int, tq3_pages: int, fp8_pages: int,
         (4, 2032, 8, (8, 1), (7, 1)),
         (8, 64, 6, (3, 1), (3, 1)),  # a 4th would save 5 pages, fewer than the FP8 split's 6
         (8, 384, 128, (3, 1), (3, 1)),  # 75% Stale: the FP8 pages take their slot
-        (12, 504, 8, (4, 1), (1, 1)),  # 2 slots: 1.5 waves of TQ3 splits, one FP8 split
-        (16, 2032, 8, (3, 1), (1, 1)),
+        # 12 rows: 2 slots, 2.75 in the GPU: one wave of 2 TQ3 splits fills 73% of the slots; 1.5 waves
+        # (4 splits) where they hold 64 pages or more each, one FP8 split
+        (12, 504, 8, (4, 1), (1, 1)),
         (12, 384, 128, (4, 1), (1, 1)),
-        (10, 500, 8, (5, 1), (2, 1)),  # 3 slots, more TQ3 work than FP8: 1.5 waves
+        (12, 64, 6, (2, 1), (1, 1)),  # splits of 16 pages: one wave (the sweep: 0.67x FP8, 4 splits 0.74x)
+        (16, 2032, 8, (2, 1), (1, 1)),  # 2.06 slots: one wave fills 97%
+        (10, 500, 8, (3, 1), (2, 1)),  # 3.3 slots, more TQ3 work than FP8: one wave (91%)
         (10, 48, 200, (1, 2), (1, 2)),  # 3 slots, the FP8 pages take two: the share stays
         (32, 384, 128, (3, 1), (3, 1)),  # 1 slot: equal-work splits, as before
     ],
@@ -78,14 +81,14 @@ def test_eager_fused_splits_take_the_graphs_waves(batch, tq3_pages, fp8_pages, s
     from minima_kernels.heuristics import choose_mixed_splits, graph_splits, slots_per_pair, tile_config
 
     build = tile_config(4, 64, 128, batch, key_bits=4)
-    got = choose_mixed_splits(batch, 8, tq3_pages, fp8_pages, 64, build, num_sms=132)
+    got = choose_mixed_splits(batch, 8, tq3_pages, fp8_pages, 64, build, num_sms=132, head_dim=128)
     assert got == splits
     slots = slots_per_pair(batch, 8, build, 132)
     if slots >= 2:  # the one-wave share the rule took before (benchmark/kernels/bench_decode.py times it beside)
         share = min(slots - 1, max(1, round(slots * tq3_pages / (tq3_pages + fp8_pages))))
         assert (share, slots - share) == before
     if fp8_pages == 8:  # a graph of this context takes the same splits
-        assert graph_splits(batch, 8, tq3_pages + fp8_pages, 64, build, 132) == splits
+        assert graph_splits(batch, 8, tq3_pages + fp8_pages, 64, build, 132, head_dim=128) == splits
 
 
 @pytest.mark.parametrize(
@@ -104,7 +107,7 @@ def test_auto_takes_the_fused_decode(batch: int, kv_heads: int, tq3_pages: int, 
     from minima_kernels.heuristics import fused_fits
 
     build = tile_config(0, 64, head_dim, batch)
-    assert fused_fits(batch, kv_heads, tq3_pages, fp8_pages, 64, build) == fits
+    assert fused_fits(batch, kv_heads, tq3_pages, fp8_pages, 64, build, head_dim=head_dim) == fits
 
 
 def test_imports_without_tilelang_or_flashinfer() -> None:
@@ -202,28 +205,38 @@ def test_a_graph_with_slots_to_spare_takes_a_wave_of_tq3_splits_where_it_pays(
     build = tile_config(0, 64, head_dim, batch)
     slots = slots_per_pair(batch, kv_heads, build, 132)
     assert slots >= WHOLE_WAVE_MIN_SLOTS
-    got = graph_splits(batch, kv_heads, max_pages, 64, build, 132)
+    got = graph_splits(batch, kv_heads, max_pages, 64, build, 132, head_dim=head_dim)
     assert got == splits
-    assert got == choose_mixed_splits(batch, kv_heads, max_pages - GRAPH_FP8_PAGES, GRAPH_FP8_PAGES, 64, build, num_sms=132)
+    mixed = choose_mixed_splits(
+        batch, kv_heads, max_pages - GRAPH_FP8_PAGES, GRAPH_FP8_PAGES, 64, build, num_sms=132, head_dim=head_dim
+    )
+    assert got == mixed
     assert got[0] == (slots if whole_wave else slots - 1)
 
 
 @pytest.mark.parametrize(
-    "batch,splits",
-    # Llama-3-8B-class, 4-bit keys, 132 SMs: 264 resident slots; TQ3 splits of 1.5 waves of them
-    [(12, 4), (16, 3), (17, 3), (24, 2), (32, 2), (64, 1)],
+    "batch,max_pages,splits",
+    # Llama-3-8B-class, 4-bit keys, 132 SMs: 264 resident slots
+    [
+        (12, 100, 2), (12, 544, 4), (12, 2048, 4),  # 2.75 slots a pair: one wave of 2 fills 73%
+        (16, 100, 2), (16, 2048, 2),  # 2.06: 97%
+        (17, 100, 1), (17, 544, 3), (17, 2048, 3),  # 1.94: one split fills 52%
+        (24, 100, 1), (24, 2048, 2),  # 1.38: 73%
+        (32, 2048, 1), (64, 2048, 1),  # 1.03 and 0.52: one split
+    ],
 )
-@pytest.mark.parametrize("max_pages", [100, 544, 2048])
-def test_a_graph_with_few_slots_a_pair_takes_a_wave_and_a_half_of_tq3_splits(batch, splits, max_pages) -> None:
+def test_a_graph_with_few_slots_a_pair_takes_a_wave_or_a_wave_and_a_half(batch, max_pages, splits) -> None:
     # From 9 rows the 8 kv heads leave each (request, kv head) under 4 resident slots (12-16 rows: 2,
     # from 17: 1). There the fused rule for requests of the model's whole context gave the short FP8
     # split a slot of its own and the TQ3 pages one CTA (12-16 rows of 512-2,040 pages: 0.85-0.90x
     # FlashInfer FP8 where 2-4 splits take 0.40-0.56x), and from 17 rows cut them into hundreds of
-    # splits the real requests leave empty (64 rows at 128K: 255, a 138 ms decode step; stop 54 capped
-    # them at 4). Now the TQ3 CTAs fill 1.5 waves, whatever the context; an eager step's fused rule
-    # takes the same at 2 or 3 slots and equal-work splits of its real pages below 2
+    # splits the real requests leave empty (64 rows at 128K: 255, a 138 ms decode step). Now one wave
+    # of TQ3 splits, or 1.5 waves where one wave fills under 80% of the slots and the context leaves
+    # each of the 1.5 waves' splits 64 pages or more; one FP8 split. An eager step's fused rule takes
+    # the same at 2 or 3 slots and equal-work splits of its real pages below 2
     from minima_kernels.heuristics import (
         TQ3_WAVES,
+        TQ3_WAVES_MIN_PAGES,
         WHOLE_WAVE_MIN_SLOTS,
         choose_mixed_splits,
         graph_splits,
@@ -232,25 +245,34 @@ def test_a_graph_with_few_slots_a_pair_takes_a_wave_and_a_half_of_tq3_splits(bat
     )
 
     build = tile_config(4, 64, 128, batch, key_bits=4)
-    assert slots_per_pair(batch, 8, build, 132) < WHOLE_WAVE_MIN_SLOTS
-    tq3, fp8 = graph_splits(batch, 8, max_pages, 64, build, 132)
+    slots = slots_per_pair(batch, 8, build, 132)
+    assert slots < WHOLE_WAVE_MIN_SLOTS
+    tq3, fp8 = graph_splits(batch, 8, max_pages, 64, build, 132, head_dim=128)
     assert (tq3, fp8) == (splits, 1)
-    assert abs(tq3 * batch * 8 - TQ3_WAVES * build["min_blocks"] * 132) <= batch * 8 / 2  # the nearest count
-    eager = choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132)
-    assert (eager == (tq3, fp8)) == (slots_per_pair(batch, 8, build, 132) >= 2)
+    waves = int(TQ3_WAVES * build["min_blocks"] * 132 / (batch * 8) + 0.5)
+    assert tq3 in (max(1, slots), waves)
+    if tq3 != max(1, slots):
+        assert (max_pages - 8) // tq3 >= TQ3_WAVES_MIN_PAGES
+    eager = choose_mixed_splits(batch, 8, max_pages - 8, 8, 64, build, num_sms=132, head_dim=128)
+    assert (eager == (tq3, fp8)) == (slots >= 2)
 
 
-def test_a_graph_keeps_a_split_of_whole_warps_at_short_contexts() -> None:
-    # SmolLM2 at 48 rows (2 slots a pair): 1.5 waves are 4 TQ3 splits; a context of 13 pages leaves 5
-    # TQ3 pages beside GRAPH_FP8_PAGES, at least 2 a split (2 chunks for each of 4 warps): 2 splits
+def test_smollm2_graphs_take_one_wave_of_short_splits() -> None:
+    # SmolLM2 (3 kv heads, head dim 64, 3 resident CTAs an SM): at 48 rows one wave of 2 TQ3 splits
+    # fills 73% of the slots, but 1.5 waves' 4 splits of its 8K context hold 30 pages of head dim 64,
+    # 15 of head dim 128: one wave (stop 56's sweep, 128-page requests: 2 splits 0.52x FlashInfer FP8,
+    # 4 splits 0.58x); a context of 11 pages leaves 3 TQ3 pages, 2 at least a split (2 chunks for each
+    # of 4 warps): one split
     from minima_kernels.heuristics import graph_splits, min_split_pages, tile_config
 
     build = tile_config(3, 64, 64, 48, key_bits=4)
     assert min_split_pages(build, 64) == 2
-    assert graph_splits(48, 3, 128, 64, build, 132) == (4, 1)
-    assert graph_splits(48, 3, 13, 64, build, 132) == (2, 1)
+    assert graph_splits(48, 3, 128, 64, build, 132, head_dim=64) == (2, 1)
+    assert graph_splits(64, 3, 128, 64, tile_config(3, 64, 64, 64, key_bits=4), 132, head_dim=64) == (2, 1)
+    assert graph_splits(96, 3, 128, 64, tile_config(3, 64, 64, 96, key_bits=4), 132, head_dim=64) == (1, 1)
+    assert graph_splits(48, 3, 11, 64, build, 132, head_dim=64) == (1, 1)
     # head dim 256, 16 rows of 4 kv heads, a context of 4 pages: one split of each format
-    assert graph_splits(16, 4, 4, 64, tile_config(0, 64, 256, 16), 132) == (1, 1)
+    assert graph_splits(16, 4, 4, 64, tile_config(0, 64, 256, 16), 132, head_dim=256) == (1, 1)
 
 
 def test_compile_builds_cover_every_path_choice() -> None:
