@@ -211,8 +211,9 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
         )
         if n_tq3 and n_fp8:
             # the library's mixed decode is the fused one (the FP8 pages in the TQ3 decode's grid):
-            # its split rule with other FP8 chunk weights at 75% Stale, and where the grid takes several
-            # waves, one split of each format (the rule's equal-work splits against the one-wave share)
+            # its split rule with other FP8 chunk weights at 75% Stale; where the grid takes several
+            # waves, one split of each format (the rule's equal-work splits against the one-wave share);
+            # at 2 slots or more, the one-wave share where the rule now differs from it (stop 56)
             row["fused_splits"] = [wrapper.tq3_plan.num_splits, wrapper.fp8_plan.num_splits]
             build = wrapper.tq3_build
             slots = slots_per_pair(batch, h, build, wrapper.num_sms)

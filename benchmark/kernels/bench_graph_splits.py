@@ -5,7 +5,8 @@ size and the model's longest context; the requests then divide their pages among
 times the fused decode of one layer at requests of ``--pages`` pages (``--fp8-pages`` of them FP8, the
 rest TQ3, like a gsp request at the defaults) with the split counts each rule gives for a model
 context: today's ``heuristics.graph_splits`` (``graph_rule``; stop 55's JSON files call stop 54's rule
-``capped`` and hold the rule before it, ``before``), the fused split rule on the real page counts
+``capped``, and stop 55's and 56's hold the rule before stop 54, ``before``, and name the graph rule of
+their day ``graph_rule``), the fused split rule on the real page counts
 (``fused_real``) and a sweep of TQ3 splits (one FP8 split); beside them the eager
 step's own choice (``auto``: at these shapes often the two-launch path) and FlashInfer's FP8 decode
 over the same pages in FP8, the baseline. CUDA-graph medians (``graph`` false: timed eagerly).

@@ -1,9 +1,10 @@
 """Every tuning rule of the decode in one place, pure Python (no tilelang, no GPU): the kernels'
 builds (``tile_config``, ``fp8_tile_config``, ``fused_build_of``), the split counts
-(``choose_num_splits``, ``choose_fp8_splits``, ``choose_mixed_splits``) and the path choice of
-``MinimaDecodeWrapper`` (``choose_path``: fused, two-launch with the TileLang FP8 decode, or with
-FlashInfer's). The constants were measured on the H200 (docs/results/kernels.md); the SM count is
-an argument, read from the device by ``device_sm_count`` (132 on the H200 the rules were tuned on).
+(``choose_num_splits``, ``choose_fp8_splits``, ``choose_mixed_splits`` and its few-slot part
+``few_slot_tq3_splits``, a CUDA graph's ``graph_splits``) and the path choice of ``MinimaDecodeWrapper``
+(``choose_path``: fused, two-launch with the TileLang FP8 decode, or with FlashInfer's). The constants
+were measured on the H200 (docs/results/kernels.md), the split rule's waves on the H100 (device README,
+stops 55-56); the SM count is an argument, read from the device by ``device_sm_count`` (132 on both).
 test/kernels/test_heuristics.py checks them on CPU. The prefill's one rule, the TQ3 tile
 (``prefill_tq3_kernel``, ``prefill_tile_pages``, ``prefill_scratch_bytes``), is here too: the pool's sizing reserves it.
 """
@@ -19,7 +20,7 @@ from .device_source import fp8_chunk_bytes
 WARPS = 4  # the TQ3 decode's default build
 STEP_CHUNKS = 2  # 16-token chunks per online-softmax step
 FP8_STEP_CHUNKS = 1  # 16-token chunks per softmax step of the FP8 role (an FP8 chunk is 2.6x a TQ3 one)
-NUM_SMS_H200 = 132  # the GPU the constants below were measured on
+NUM_SMS_H200 = 132  # the GPU the constants below were measured on (the H100 SXM's too)
 MIN_CHUNKS_PER_WARP = 2  # a split gives each of its warps at least this many 16-token chunks
 FP8_KERNELS = ("auto", "flashinfer", "tilelang", "fused")
 # "auto": the TileLang FP8 decode up to this many FP8 page slots (pages x page size, per kv head) in
@@ -52,7 +53,8 @@ GRAPH_FP8_PAGES = 8
 #   where it delays a TQ3 CTA by its pages, so the extra split must shorten each TQ3 CTA by more (8
 #   rows of 512 / 2,040 pages: 3 TQ3 splits 0.64 / 0.60x FlashInfer FP8's time, 4 splits 0.56 / 0.50x;
 #   requests of 70 pages, where 4 save less than their FP8 split's 6 pages, 0.79 against 0.67x).
-# - Fewer (an eager step: where its FP8 pages leave the FP8 split one slot; a graph: always): one FP8
+# - 2 or 3 slots (an eager step: where its FP8 pages leave the FP8 split one slot), and a graph below 4
+#   slots whatever its share (an eager step below 2 keeps equal-work splits and ``fused_fits``): one FP8
 #   split and TQ3 splits of one wave, or of TQ3_WAVES waves (halves up) where one wave would fill under
 #   WAVE_FILL_MIN of the resident slots and the 1.5 waves' splits still hold TQ3_WAVES_MIN_PAGES pages
 #   of head dim 128 (pages x head dim / 128) each: a split costs a fixed share (its key table, its
@@ -232,8 +234,9 @@ def choose_mixed_splits(
     shared in proportion to each format's work (an FP8 chunk weighs ``fp8_weight`` TQ3 chunks); the
     whole wave goes to the TQ3 pages where one more TQ3 split shortens each by more than the FP8
     split's work. With 2 or 3 slots, where that share leaves one FP8 split, ``few_slot_tq3_splits``
-    (one wave, or 1.5 where one fills the GPU badly and the CTAs stay long). With fewer, the grid takes several waves anyway: splits of about equal work
-    (one FP8 split, the TQ3 pages in as many), so that no long TQ3 CTA starts in a late wave. Each
+    (one wave, or 1.5 where one fills the GPU badly and the CTAs stay long). With fewer, the grid
+    takes several waves anyway: splits of about equal work (one FP8 split, the TQ3 pages in as many),
+    so that no long TQ3 CTA starts in a late wave. Each
     split has at least MIN_CHUNKS_PER_WARP chunks per warp."""
     slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
     tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
@@ -243,7 +246,7 @@ def choose_mixed_splits(
         if slots >= WHOLE_WAVE_MIN_SLOTS:
             if tq3_work / (slots - 1) - tq3_work / slots > fp8_work:  # then the share above gave (slots - 1, 1)
                 tq3 = slots
-        elif fp8 == 1:  # 2 slots, or 3 with more TQ3 work than FP8
+        elif fp8 == 1:  # 2 slots, or 3 with at least as much TQ3 work as FP8
             tq3 = few_slot_tq3_splits(batch, num_kv_heads, max_tq3_pages, head_dim, build, num_sms)
     else:
         tq3, fp8 = max(1, round(tq3_work / fp8_work)), 1
@@ -394,7 +397,9 @@ def choose_path(
         or (
             fp8_kernel == "auto"
             and fp8_page_size == page_size
-            and fused_fits(batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms, head_dim=head_dim)
+            and fused_fits(
+                batch, num_kv_heads, max_tq3_pages, max_fp8_pages, page_size, tq3_build, num_sms, head_dim=head_dim
+            )
         )
     )
     use_tilelang = (
