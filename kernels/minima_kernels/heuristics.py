@@ -60,12 +60,12 @@ GRAPH_FP8_PAGES = 8
 #   of head dim 128 (pages x head dim / 128) each: a split costs a fixed share (its key table, its
 #   partial), more splits even out a badly filled wave. One wave: 9-11 Llama-class rows (3 slots a
 #   pair, 82-100% of the GPU's: 3 TQ3 splits 0.52-0.57x, 5-6 splits 0.55-0.61x), 16 rows (2 slots,
-#   97%: 2 splits 0.49-0.54x at 512-2,040 pages), SmolLM2's 48 rows (73%, but 1.5 waves' 4 splits of 8-15 such pages: 2
-#   splits 0.52 / 0.66x, 4 splits 0.58 / 0.79x at 128 / 70 pages), 64 and 96 rows. 1.5 waves: 12
-#   Llama-class rows (73%: 4 splits of 126 pages 0.45x, 2 splits 0.50x); 17 rows (one split fills 52%;
-#   3 splits 0.36-0.57x, one 0.48-0.62x). Before stop 55 a graph's equal-work splits of the whole
-#   context cut 4.5K-token requests at 17+ rows into 255 TQ3 splits (a 138 ms decode step, stop 54);
-#   an eager step below 2 slots keeps equal-work splits of its real pages and ``fused_fits``.
+#   97%: 2 splits 0.49-0.54x at 512-2,040 pages), SmolLM2's 48 rows (73%, but 1.5 waves' 4 splits
+#   hold 8-15 such pages: 2 splits 0.52 / 0.66x, 4 splits 0.58 / 0.79x at 128 / 70 pages), 64 and 96
+#   rows. 1.5 waves: 12 Llama-class rows (73%: 4 splits of 126 pages 0.45x, 2 splits 0.50x); 17 rows
+#   (one split fills 52%; 3 splits 0.36-0.57x, one 0.48-0.62x). Before stop 55 a graph's equal-work
+#   splits of the whole context cut 4.5K-token requests at 17+ rows into 255 TQ3 splits (a 138 ms
+#   decode step, stop 54).
 # Over the 49 graph cases of both sweeps these counts came within 1.023x of each case's best on
 # geometric mean (worst 1.18x, 17 rows of 2,040 pages); stop 55's rule (1.5 waves below 4 slots) 1.043x
 # (worst 1.20x, SmolLM2's 48 rows), stop 54's 1.21x over its 20 cases (worst 2.24x).
