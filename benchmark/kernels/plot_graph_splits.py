@@ -1,12 +1,15 @@
 """Draw bench_graph_splits.py's sweeps: one layer's fused decode time over FlashInfer FP8's against the
 TQ3 split count, a panel per request length, a line per batch; each line marks the split count that
-``heuristics.graph_splits`` gives today (computed here, for the run's geometry and 132 SMs).
+``heuristics.graph_splits`` gives today (computed here, for the run's geometry and 132 SMs). It also
+scores today's rule on every swept row (``score``: its time over the row's best split count, geometric
+mean and worst), the figure a change of the rule is judged by.
 
     PYTHONPATH=kernels:python python benchmark/kernels/plot_graph_splits.py a.json b.json --out splits.png
 """
 
 import argparse
 import json
+import math
 
 import matplotlib
 
@@ -21,6 +24,31 @@ def geometry(name: str) -> tuple[int, int, int]:
     """bench_decode's geometry name "32q/8kv/128" as (query heads, kv heads, head dim)."""
     q, kv, d = name.split("/")
     return int(q.removesuffix("q")), int(kv.removesuffix("kv")), int(d)
+
+
+def score(runs: list[dict], num_sms: int = 132) -> dict:
+    """Today's ``graph_splits`` on every swept row, each at its own captured context: the geometric mean
+    and the worst of its time over the row's best swept count, the sums of both times (ms), and the
+    rows whose rule count was not swept (left out of the figures)."""
+    ratios, worst, rule_ms, best_ms, unswept = [], None, 0.0, 0.0, []
+    for run in runs:
+        hq, h, d = geometry(run["geometry"])
+        for row in run["rows"]:
+            build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
+            tq3, fp8 = heuristics.graph_splits(row["batch"], h, -(-row["context"] // PAGE), PAGE, build, num_sms, head_dim=d)
+            case = {"geometry": run["geometry"], "pages": run["pages"], "batch": row["batch"], "context": row["context"],
+                    "splits": [tq3, fp8]}
+            if fp8 != 1 or str(tq3) not in row["sweep"]:
+                unswept.append(case)
+                continue
+            ms, best = row["sweep"][str(tq3)]["ms"], min(r["ms"] for r in row["sweep"].values())
+            ratios.append(ms / best)
+            rule_ms, best_ms = rule_ms + ms, best_ms + best
+            if worst is None or ms / best > worst["x_best"]:
+                worst = {**case, "x_best": ms / best}
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+    return {"cases": len(ratios), "x_best_geomean": geomean, "worst": worst, "rule_ms": rule_ms, "best_ms": best_ms,
+            "unswept": unswept}
 
 
 def main() -> None:
@@ -55,6 +83,12 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
+    scored = score(runs, args.num_sms)
+    w = scored["worst"] or {}
+    print(f"graph_splits today: {scored['x_best_geomean']:.3f}x the best swept count over {scored['cases']} rows "
+          f"(worst {w.get('x_best', float('nan')):.2f}x: {w.get('geometry')} {w.get('pages')} pages, {w.get('batch')} rows, "
+          f"context {w.get('context')}); {scored['rule_ms']:.2f} ms against {scored['best_ms']:.2f}; "
+          f"{len(scored['unswept'])} rows whose count was not swept")
 
 
 if __name__ == "__main__":
