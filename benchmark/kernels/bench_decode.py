@@ -34,6 +34,7 @@ from minima_kernels.heuristics import (
     TILELANG_FP8_MAX_TOKENS,
     choose_mixed_splits,
     min_split_pages,
+    one_wave_share,
     slots_per_pair,
     tilelang_fp8_preferred,
 )
@@ -52,12 +53,11 @@ MAX_POOL_BYTES = 48 << 30  # per config, all pools together
 TQ3_BASE_PAGES = 2048  # distinct TQ3 pages made by the conversion kernel, tiled over the pool
 
 
-def one_wave_share(slots: int, tq3_pages: int, fp8_pages: int, min_pages: int) -> tuple[int, int]:
-    """The fused rule's splits before stop 56 at 2 resident slots a (request, kv head) or more: one
-    wave, shared in proportion to the pages, the FP8 split at least a slot, each split at least
-    ``min_pages`` pages."""
-    tq3 = min(slots - 1, max(1, round(slots * tq3_pages / (tq3_pages + fp8_pages))))
-    return max(1, min(tq3, tq3_pages // min_pages)), max(1, min(slots - tq3, fp8_pages // min_pages))
+def previous_fused_splits(slots: int, tq3_pages: int, fp8_pages: int, min_pages: int) -> tuple[int, int]:
+    """The fused rule's splits before stop 56 at 2 resident slots a (request, kv head) or more:
+    ``heuristics.one_wave_share`` by pages, each split at least ``min_pages`` pages."""
+    share = one_wave_share(slots, tq3_pages, fp8_pages)
+    return tuple(max(1, min(n, pages // min_pages)) for n, pages in zip(share, (tq3_pages, fp8_pages)))
 
 
 def bench_ms(fn, graph: bool = True) -> tuple[float, bool]:
@@ -220,10 +220,10 @@ def run_config(geom: str, batch: int, ctx: int, workspace: torch.Tensor, dev: st
             if slots < 2:
                 wrapper.plan(*plan_args, num_splits=1, num_fp8_splits=1)
                 row["minima_fused_one_split_each_ms"], _ = bench_ms(mixed)
-            elif (share := one_wave_share(slots, n_tq3, n_fp8, min_split_pages(build, PAGE))) != tuple(row["fused_splits"]):
+            elif (share := previous_fused_splits(slots, n_tq3, n_fp8, min_split_pages(build, PAGE))) != tuple(row["fused_splits"]):
                 # the rule before stop 56 (one wave shared by the work, the FP8 split at least a slot)
                 row["one_wave_share_splits"] = list(share)
-                wrapper.plan(*plan_args, num_splits=row["one_wave_share_splits"][0], num_fp8_splits=row["one_wave_share_splits"][1])
+                wrapper.plan(*plan_args, num_splits=share[0], num_fp8_splits=share[1])
                 row["minima_fused_one_wave_share_ms"], _ = bench_ms(mixed)
             if frac == STALE[0]:
                 sweep = {}

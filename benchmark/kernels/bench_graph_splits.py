@@ -26,11 +26,6 @@ from sglang_minima.codec import LayerRotation
 from tqdm import tqdm
 
 
-def graph_rule(batch: int, h: int, d: int, max_pages: int, build: dict, num_sms: int) -> tuple[int, int]:
-    """(TQ3, FP8) splits of a graph of ``batch`` rows captured for a model of ``max_pages`` pages."""
-    return heuristics.graph_splits(batch, h, max_pages, PAGE, build, num_sms, head_dim=d)
-
-
 def save(result: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
@@ -94,7 +89,9 @@ def main() -> None:
                 continue
             row = {"batch": batch, "context": ctx,
                    "sweep": {str(n): timed((n, 1)) for n in (int(x) for x in args.sweep.split(","))}}
-            row["graph_rule"] = timed(graph_rule(batch, h, d, -(-ctx // PAGE), wrapper.tq3_build, num_sms))
+            # the graph's splits for a model of this context
+            rule = heuristics.graph_splits(batch, h, -(-ctx // PAGE), PAGE, wrapper.tq3_build, num_sms, head_dim=d)
+            row["graph_rule"] = timed(rule)
             row["fused_real"] = timed(fused_real)
             rows.append(row)
             result["rows"].append(row)

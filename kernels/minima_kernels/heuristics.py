@@ -217,6 +217,13 @@ def few_slot_tq3_splits(
     return one
 
 
+def one_wave_share(slots: int, tq3_work: float, fp8_work: float) -> tuple[int, int]:
+    """(TQ3 splits, FP8 splits) of one wave of ``slots`` resident CTA slots (2 or more) per (request,
+    kv head), shared in proportion to each format's work, each format at least a slot."""
+    tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
+    return tq3, slots - tq3
+
+
 def choose_mixed_splits(
     batch: int,
     num_kv_heads: int,
@@ -236,13 +243,12 @@ def choose_mixed_splits(
     split's work. With 2 or 3 slots, where that share leaves one FP8 split, ``few_slot_tq3_splits``
     (one wave, or 1.5 where one fills the GPU badly and the CTAs stay long). With fewer, the grid
     takes several waves anyway: splits of about equal work (one FP8 split, the TQ3 pages in as many),
-    so that no long TQ3 CTA starts in a late wave. Each
-    split has at least MIN_CHUNKS_PER_WARP chunks per warp."""
+    so that no long TQ3 CTA starts in a late wave. Each split has at least MIN_CHUNKS_PER_WARP chunks
+    per warp."""
     slots = slots_per_pair(batch, num_kv_heads, build, num_sms)
     tq3_work, fp8_work = max_tq3_pages, fp8_weight * max_fp8_pages
     if slots >= 2:
-        tq3 = min(slots - 1, max(1, round(slots * tq3_work / (tq3_work + fp8_work))))
-        fp8 = slots - tq3
+        tq3, fp8 = one_wave_share(slots, tq3_work, fp8_work)
         if slots >= WHOLE_WAVE_MIN_SLOTS:
             if tq3_work / (slots - 1) - tq3_work / slots > fp8_work:  # then the share above gave (slots - 1, 1)
                 tq3 = slots
@@ -293,12 +299,13 @@ def graph_splits(
     without a page). Each split holds at least ``min_split_pages`` pages."""
     fp8_pages = min(GRAPH_FP8_PAGES, max_pages)
     tq3_pages = max(1, max_pages - fp8_pages)
-    tq3, fp8 = choose_mixed_splits(
-        batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms, head_dim=head_dim
-    )
     if slots_per_pair(batch, num_kv_heads, build, num_sms) < WHOLE_WAVE_MIN_SLOTS:
         few = few_slot_tq3_splits(batch, num_kv_heads, tq3_pages, head_dim, build, num_sms)
         tq3, fp8 = max(1, min(few, tq3_pages // min_split_pages(build, page_size))), 1
+    else:
+        tq3, fp8 = choose_mixed_splits(
+            batch, num_kv_heads, tq3_pages, max(1, fp8_pages), page_size, build, num_sms=num_sms, head_dim=head_dim
+        )
     return min(tq3, MAX_SPLITS), min(fp8, MAX_SPLITS)
 
 
