@@ -1,6 +1,7 @@
 """Draw bench_graph_splits.py's sweeps: one layer's fused decode time over FlashInfer FP8's against the
-TQ3 split count, a panel per request length, a line per batch; each line marks the split count that
-``heuristics.graph_splits`` gives today (computed here, for the run's geometry and 132 SMs). It also
+TQ3 split count, a panel per sweep file, a line per batch and context; each line marks the split count
+that ``heuristics.graph_splits`` gives today at that batch and context (``rule_splits``, computed here for
+the run's geometry and 132 SMs). It also
 scores today's rule on every swept row (``score``: its time over the row's best split count, geometric
 mean and worst), the figure a change of the rule is judged by.
 
@@ -26,16 +27,21 @@ def geometry(name: str) -> tuple[int, int, int]:
     return int(q.removesuffix("q")), int(kv.removesuffix("kv")), int(d)
 
 
+def rule_splits(run: dict, row: dict, num_sms: int) -> tuple[int, int]:
+    """Today's ``graph_splits`` (TQ3, FP8 splits) for a swept row: its batch, captured at its context."""
+    hq, h, d = geometry(run["geometry"])
+    build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
+    return heuristics.graph_splits(row["batch"], h, -(-row["context"] // PAGE), PAGE, build, num_sms, head_dim=d)
+
+
 def score(runs: list[dict], num_sms: int = 132) -> dict:
     """Today's ``graph_splits`` on every swept row, each at its own captured context: the geometric mean
     and the worst of its time over the row's best swept count, the sums of both times (ms), and the
     rows whose rule count was not swept (left out of the figures)."""
     ratios, worst, rule_ms, best_ms, unswept = [], None, 0.0, 0.0, []
     for run in runs:
-        hq, h, d = geometry(run["geometry"])
         for row in run["rows"]:
-            build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
-            tq3, fp8 = heuristics.graph_splits(row["batch"], h, -(-row["context"] // PAGE), PAGE, build, num_sms, head_dim=d)
+            tq3, fp8 = rule_splits(run, row, num_sms)
             case = {"geometry": run["geometry"], "pages": run["pages"], "batch": row["batch"], "context": row["context"],
                     "splits": [tq3, fp8]}
             if fp8 != 1 or str(tq3) not in row["sweep"]:
@@ -59,17 +65,22 @@ def main() -> None:
     args = ap.parse_args()
     runs = [json.load(open(p)) for p in args.runs]
     batches = sorted({r["batch"] for run in runs for r in run["rows"]})
-    color = {b: f"C{i % 10}" for i, b in enumerate(batches)}  # a batch keeps its colour across panels
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False)
-    for ax, run in zip(axes[0], runs):
-        hq, h, d = geometry(run["geometry"])
-        max_pages = -(-max(r["context"] for r in run["rows"]) // PAGE)  # the rule's captured context
-        for row in sorted({r["batch"]: r for r in run["rows"]}.values(), key=lambda r: r["batch"]):
+    palette = plt.get_cmap("tab20" if len(batches) > 10 else "tab10")
+    color = {b: palette(i % palette.N) for i, b in enumerate(batches)}  # a batch keeps its colour across panels
+    cols = min(3, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes.flat, runs):
+        contexts = sorted({r["context"] for r in run["rows"]})
+        style = dict(zip(contexts, ["-", "--", ":", "-."] * len(contexts)))  # a context per line style
+        for row in sorted(run["rows"], key=lambda r: (r["context"], r["batch"])):
             sweep = sorted((int(n), r["x_fp8"]) for n, r in row["sweep"].items())
             c = color[row["batch"]]
-            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=c, label=f"{row['batch']} rows")
-            build = heuristics.tile_config(hq // h, PAGE, d, row["batch"], run["key_bits"])
-            tq3, fp8 = heuristics.graph_splits(row["batch"], h, max_pages, PAGE, build, args.num_sms, head_dim=d)
+            label = f"{row['batch']} rows" + (f", {row['context']} tokens" if len(contexts) > 1 else "")
+            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", ls=style[row["context"]], color=c, label=label)
+            tq3, fp8 = rule_splits(run, row, args.num_sms)
             if fp8 == 1 and str(tq3) in row["sweep"]:  # the sweep's points have one FP8 split
                 ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
         ax.set_xscale("log", base=2)
@@ -78,7 +89,7 @@ def main() -> None:
         gpu = run["gpu"].split(" ")[1]  # "NVIDIA H100 80GB HBM3": H100
         ax.set_title(f"{run['geometry']}, {run['pages']} pages ({run['fp8_pages']} FP8), {gpu}", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6 if len(contexts) > 1 else 7)
     fig.suptitle("CUDA graph's fused decode, one layer, by TQ3 split count (circles: graph_splits' choice where swept)")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

@@ -29,3 +29,15 @@ def test_score_takes_the_rules_count_against_each_rows_best() -> None:
     assert (scored["rule_ms"], scored["best_ms"]) == (2.0 + 1.0 + 3.0, 1.0 + 1.0 + 1.5)
     assert scored["worst"]["x_best"] == 2.0 and scored["worst"]["batch"] == 64  # the first of the two 2x rows
     assert scored["unswept"] == [{"geometry": "32q/8kv/128", "pages": 512, "batch": 9, "context": 34816, "splits": [3, 1]}]
+
+
+def test_the_rule_is_taken_at_each_rows_own_context() -> None:
+    # one sweep file with rows at several contexts (graph_splits_0446_70p.json has three): 12
+    # Llama-class rows take 2 TQ3 splits captured at 6,400 tokens and 4 (1.5 waves) at 131,072, so a
+    # row read at the file's longest context would be marked and scored at the wrong count
+    run = {"geometry": "32q/8kv/128", "pages": 70, "key_bits": 4, "rows": [
+        _row(12, 6400, {2: 1.0, 4: 3.0}),
+        _row(12, 131072, {2: 3.0, 4: 1.0}),
+    ]}
+    assert [plot_graph_splits.rule_splits(run, row, 132) for row in run["rows"]] == [(2, 1), (4, 1)]
+    assert plot_graph_splits.score([run], num_sms=132)["x_best_geomean"] == 1.0
