@@ -1,9 +1,8 @@
 """Draw bench_graph_splits.py's sweeps: one layer's fused decode time over FlashInfer FP8's against the
 TQ3 split count, a panel per sweep file, a line per batch and context; each line marks the split count
 that ``heuristics.graph_splits`` gives today at that batch and context (``rule_splits``, computed here for
-the run's geometry and 132 SMs). It also
-scores today's rule on every swept row (``score``: its time over the row's best split count, geometric
-mean and worst), the figure a change of the rule is judged by.
+the run's geometry and 132 SMs). It also scores today's rule on every swept row (``score``: its time over
+the row's best split count, geometric mean and worst), the figure a change of the rule is judged by.
 
     PYTHONPATH=kernels:python python benchmark/kernels/plot_graph_splits.py a.json b.json --out splits.png
 """
@@ -79,7 +78,8 @@ def main() -> None:
             sweep = sorted((int(n), r["x_fp8"]) for n, r in row["sweep"].items())
             c = color[row["batch"]]
             label = f"{row['batch']} rows" + (f", {row['context']} tokens" if len(contexts) > 1 else "")
-            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", ls=style[row["context"]], color=c, label=label)
+            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", ls=style[row["context"]], color=c,
+                    label=label)
             tq3, fp8 = rule_splits(run, row, args.num_sms)
             if fp8 == 1 and str(tq3) in row["sweep"]:  # the sweep's points have one FP8 split
                 ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
