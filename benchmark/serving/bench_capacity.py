@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))
 
 import serve_arms  # noqa: E402  (sets up the CPU engine where the device is the CPU, before any sglang import)
 from serve_arms import Arm, e2e_device, launch, resolve_model  # noqa: E402
-from server_log import decode_windows  # noqa: E402
+from server_log import decode_windows, prefill_batches  # noqa: E402
 
 from sglang_minima.config import parse_minima_argv, split_minima_argv  # noqa: E402
 from sglang_minima.launch_server import prefill_scratch_reserve_for  # noqa: E402
@@ -110,6 +110,13 @@ class ArmResult:
     kernels' split buffers are not counted), ``scratch_reserve_mib``: what the pool's sizing kept
     for the prefill's tile in SGLang's budget, and ``peak_hot_pages``: "most held at once since the
     server started / hot pages of the split" (servers that report them)."""
+    prefill_batches: int = 0
+    """SGLang's prefill batches in the round (its ``Prefill batch`` lines; 0 in results that predate it)."""
+    prefill_seqs_mean: float = 0.0
+    """The mean requests a prefill batch admitted: an arm with room for every client admits requests as
+    they arrive, in many small batches each stalling the running decode; a capacity-bound arm admits
+    from a full queue in fewer, larger ones (SmolLM2's shared-prefix load, gsp_0956's server logs: Minima
+    256 requests in 66 batches, FP8 in 33)."""
     kv: str = ""
     """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
 
@@ -361,7 +368,9 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             bench = json.loads(out_file.read_text().strip().splitlines()[-1])
             with open(server.log_path, errors="replace") as f:
                 f.seek(log_start)
-                windows = decode_windows(f.read())
+                round_log = f.read()
+            windows = decode_windows(round_log)
+            prefills, seqs_mean = prefill_batches(round_log)
             rows, step_ms = decode_step(windows)
             state = server_state(server.url)
             minima = state.get("minima", {})
@@ -393,7 +402,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(windows),
                 kv=kv_format(arm, args.dtype, args.server_args),
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
-                minima=minima, counters=counters,
+                minima=minima, counters=counters, prefill_batches=prefills, prefill_seqs_mean=seqs_mean,
             ))
             write(args, geometry, results)
     finally:
@@ -447,8 +456,8 @@ def render(results: list[ArmResult]) -> str:
         "| full-batch tok/s (x base) / decode lines at full batch "
         "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "
-        "| peak hot pages held / hot pages |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak hot pages held / hot pages | prefill batches (mean requests) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         same = [b for b in results if (b.clients, b.num_prompts) == (r.clients, r.num_prompts)]
@@ -465,7 +474,8 @@ def render(results: list[ArmResult]) -> str:
             f"| {_step(r)} | {_full_batch(r, base)} | {_converted(c)} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "
-            f"| {c.get('peak_hot_pages', '-')} |")
+            f"| {c.get('peak_hot_pages', '-')} "
+            f"| {f'{r.prefill_batches} ({r.prefill_seqs_mean:.1f})' if r.prefill_batches else '-'} |")
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ class BatchLine:
     queued: int | None
     new_tokens: int | None  # prefill lines
     throughput: float | None  # input (prefill) or gen (decode) tokens/s
+    new_seqs: int | None = None  # prefill lines: the requests the batch admitted
 
 
 def batch_lines(text: str) -> list[BatchLine]:
@@ -40,8 +41,16 @@ def batch_lines(text: str) -> list[BatchLine]:
 
         tput = fields.get("input throughput (token/s)", fields.get("gen throughput (token/s)"))
         out.append(BatchLine(m[1].lower(), count("#running-req"), count("#queue-req"), count("#new-token"),
-                             float(tput) if tput is not None else None))
+                             float(tput) if tput is not None else None, count("#new-seq")))
     return out
+
+
+def prefill_batches(text: str) -> tuple[int, float]:
+    """(prefill batches, mean requests a batch) of the log's prefill lines; (0, 0.0) without one.
+    Many small batches mean requests admitted as they arrive, each batch a forward the running decode
+    waits for; a capacity-bound server admits from a full queue, in fewer, larger ones."""
+    seqs = [b.new_seqs for b in batch_lines(text) if b.kind == "prefill" and b.new_seqs is not None]
+    return len(seqs), round(sum(seqs) / len(seqs), 1) if seqs else 0.0
 
 
 def decode_windows(text: str) -> list[tuple[int, float]]:

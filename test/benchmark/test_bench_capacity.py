@@ -61,6 +61,8 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
                                                  "peak_hot_pages": "40 / 2148", "converted": 90, "pressure_stale": 6,
                                                  "pressure_cached": 1, "pressure_deferred": 2, "pressure_kept": 1}})])
 itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5})])
+prefill = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "prefill_batches": 66,
+                                     "prefill_seqs_mean": 3.9})])
 import http.server, threading
 seen = []
 class Stub(http.server.BaseHTTPRequestHandler):
@@ -85,7 +87,7 @@ share20 = bc.bytes_per_token(cuda["minima"], llama, "bfloat16", 64, ["--minima-f
 reserve["pool at 20%"] = [share20, bc.pool_tokens(6144 * 2**20, share20, reserve["minima"], 64)]
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
-print(json.dumps({"reserve": reserve, "warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "kv": kv, "override": override, "page_size_refused": page_size_refused,
+print(json.dumps({"reserve": reserve, "warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "prefill": prefill, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(bc.decode_windows(log.splitlines()[-1])), "decode": bc.decode_step(bc.decode_windows(log)),
                   "medians": bc.decode_medians(bc.decode_windows(log)),
                   "full": bc.render([bc.ArmResult(**{**result("sglang-fp8", 10, 1.0, 1.0).__dict__, "decode_rows": 15,
@@ -155,9 +157,12 @@ def test_budgets_rounds_and_ratios(tmp_path):
     # the last columns: the most decoded TQ3 alive at once (a bounded tile, not a dense copy of the
     # cache), then the most hot pages held at once against the split's
     assert got["scratch"].splitlines()[0].endswith(
-        "| peak scratch MiB since start / kept in the budget | peak hot pages held / hot pages |")
-    assert got["scratch"].splitlines()[2].endswith("| 64.0 | - |") and rows["minima"][-3] == "-"
-    assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 |")  # a server that reports them
+        "| peak scratch MiB since start / kept in the budget | peak hot pages held / hot pages "
+        "| prefill batches (mean requests) |")
+    assert got["scratch"].splitlines()[2].endswith("| 64.0 | - | - |") and rows["minima"][-4] == "-"
+    assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 | - |")  # a server that reports them
+    # the round's prefill batches and the requests each admitted ("-" in results that predate them)
+    assert got["prefill"].splitlines()[2].endswith("| 66 (3.9) |")
     # conversions, and those made for want of a free hot page by what they were ("-": not a Minima
     # server; the total alone: a result written before the breakdown)
     assert got["scratch"].splitlines()[3].split("|")[19].strip() == "90 (6 / 1 / 2 / 1)"

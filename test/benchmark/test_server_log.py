@@ -9,18 +9,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark" / "serving"))
 
 from minima_test_support.sglang_log import decode_line, scheduler_log  # noqa: E402
-from server_log import BatchLine, batch_lines, decode_windows, log_throughput, wait_for_rows  # noqa: E402
+from server_log import BatchLine, batch_lines, decode_windows, log_throughput, prefill_batches, wait_for_rows  # noqa: E402
 
 
 def test_batch_lines_read_each_kind_with_or_without_iteration_numbers():
     log = scheduler_log([500.0], [(8, 640.5)]) + decode_line(4, 400.0, queued=3) + "[t] Load weight end.\n"
     assert batch_lines(log) == [
-        BatchLine("prefill", None, None, 6, 99999.0),  # a line without the fields: None, not 0
-        BatchLine("prefill", 0, 6, 256, 500.0),
+        BatchLine("prefill", None, None, 6, 99999.0, 1),  # a line without the fields: None, not 0
+        BatchLine("prefill", 0, 6, 256, 500.0, 2),
         BatchLine("decode", 8, 0, None, 640.5),  # "Decode batch [7], ..." (SGLANG_LOG_FORWARD_ITERS)
         BatchLine("decode", 4, 3, None, 400.0),
     ]
     assert decode_windows(log) == [(8, 640.5), (4, 400.0)]
+
+
+def test_prefill_batches_count_the_requests_each_admitted():
+    # a partial batch of 1 request and three full ones of 2: 4 batches, 7 requests; decode lines not counted
+    assert prefill_batches(scheduler_log([1.0] * 3, [(8, 640.5)])) == (4, 1.8)
+    assert prefill_batches(decode_line(4, 400.0)) == (0, 0.0)
 
 
 def test_logged_throughput_counts_full_batches_before_the_profile():
