@@ -33,6 +33,17 @@ def rule_splits(run: dict, row: dict, num_sms: int) -> tuple[int, int]:
     return heuristics.graph_splits(row["batch"], h, -(-row["context"] // PAGE), PAGE, build, num_sms, head_dim=d)
 
 
+def circles(run: dict, num_sms: int) -> list[tuple[int, int, int, float]]:
+    """(batch, context, the rule's TQ3 splits, its time over FlashInfer FP8's) for each row of ``run``
+    whose rule count was swept (the sweep's points have one FP8 split): the marks ``main`` draws."""
+    out = []
+    for row in run["rows"]:
+        tq3, fp8 = rule_splits(run, row, num_sms)
+        if fp8 == 1 and str(tq3) in row["sweep"]:
+            out.append((row["batch"], row["context"], tq3, row["sweep"][str(tq3)]["x_fp8"]))
+    return out
+
+
 def score(runs: list[dict], num_sms: int = 132) -> dict:
     """Today's ``graph_splits`` on every swept row, each at its own captured context: the geometric mean
     and the worst of its time over the row's best swept count, the sums of both times (ms), and the
@@ -64,32 +75,34 @@ def main() -> None:
     args = ap.parse_args()
     runs = [json.load(open(p)) for p in args.runs]
     batches = sorted({r["batch"] for run in runs for r in run["rows"]})
-    palette = plt.get_cmap("tab20" if len(batches) > 10 else "tab10")
-    color = {b: palette(i % palette.N) for i, b in enumerate(batches)}  # a batch keeps its colour across panels
+    tab20 = plt.get_cmap("tab20")  # its saturated ten first, then their light pairs
+    palette = [tab20(i) for i in [*range(0, 20, 2), *range(1, 20, 2)]]
+    color = {b: palette[i % len(palette)] for i, b in enumerate(batches)}  # a batch keeps its colour across panels
     cols = min(3, len(runs))
     rows = -(-len(runs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
     for ax in axes.flat[len(runs):]:
         ax.set_visible(False)
     for ax, run in zip(axes.flat, runs):
-        contexts = sorted({r["context"] for r in run["rows"]})
-        style = dict(zip(contexts, ["-", "--", ":", "-."] * len(contexts)))  # a context per line style
-        for row in sorted(run["rows"], key=lambda r: (r["context"], r["batch"])):
-            sweep = sorted((int(n), r["x_fp8"]) for n, r in row["sweep"].items())
-            c = color[row["batch"]]
-            label = f"{row['batch']} rows" + (f", {row['context']} tokens" if len(contexts) > 1 else "")
-            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", ls=style[row["context"]], color=c,
-                    label=label)
-            tq3, fp8 = rule_splits(run, row, args.num_sms)
-            if fp8 == 1 and str(tq3) in row["sweep"]:  # the sweep's points have one FP8 split
-                ax.plot([tq3], [row["sweep"][str(tq3)]["x_fp8"]], marker="o", ms=9, mfc="none", color=c)
+        # a line per batch and distinct sweep: a file may hold one sweep at several captured contexts
+        # (graph_splits_0446_70p.json: the same pages, so the same times), which only the rule tells apart
+        lines: dict[tuple, list[int]] = {}
+        for row in run["rows"]:
+            sweep = tuple(sorted((int(n), r["x_fp8"]) for n, r in row["sweep"].items()))
+            lines.setdefault((row["batch"], sweep), []).append(row["context"])
+        several = len({r["context"] for r in run["rows"]}) > 1
+        for (batch, sweep), contexts in sorted(lines.items()):
+            label = f"{batch} rows" + (f" ({', '.join(f'{c // 1024}K' for c in sorted(contexts))})" if several else "")
+            ax.plot([n for n, _ in sweep], [x for _, x in sweep], marker=".", color=color[batch], label=label)
+        for batch, _, tq3, x in circles(run, args.num_sms):
+            ax.plot([tq3], [x], marker="o", ms=9, mfc="none", color=color[batch])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("TQ3 splits per (request, kv head)")
         ax.set_ylabel("time / FlashInfer FP8's")
         gpu = run["gpu"].split(" ")[1]  # "NVIDIA H100 80GB HBM3": H100
         ax.set_title(f"{run['geometry']}, {run['pages']} pages ({run['fp8_pages']} FP8), {gpu}", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6 if len(contexts) > 1 else 7)
+        ax.legend(fontsize=7)
     fig.suptitle("CUDA graph's fused decode, one layer, by TQ3 split count (circles: graph_splits' choice where swept)")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

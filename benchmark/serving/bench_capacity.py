@@ -113,10 +113,11 @@ class ArmResult:
     prefill_batches: int = 0
     """SGLang's prefill batches in the round (its ``Prefill batch`` lines; 0 in results that predate it)."""
     prefill_seqs_mean: float = 0.0
-    """The mean requests a prefill batch admitted: an arm with room for every client admits requests as
-    they arrive, in many small batches each stalling the running decode; a capacity-bound arm admits
-    from a full queue in fewer, larger ones (SmolLM2's shared-prefix load, gsp_0956's server logs: Minima
-    256 requests in 66 batches, FP8 in 33)."""
+    """The mean sequences a prefill batch ran (SGLang's ``#new-seq``: a chunked request counts once per
+    chunk; bench_serving's warm-up request is in the round): an arm with room for every client admits
+    requests as they arrive, in many small batches each stalling the running decode; a capacity-bound
+    arm admits from a full queue in fewer, larger ones (SmolLM2's shared-prefix load, gsp_0956: Minima
+    66 batches of 4.0, FP8 33 of 8.0)."""
     kv: str = ""
     """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
 
@@ -456,7 +457,7 @@ def render(results: list[ArmResult]) -> str:
         "| full-batch tok/s (x base) / decode lines at full batch "
         "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "
-        "| peak hot pages held / hot pages | prefill batches (mean requests) |",
+        "| peak hot pages held / hot pages | prefill batches (mean sequences) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -28,7 +28,7 @@ class BatchLine:
     queued: int | None
     new_tokens: int | None  # prefill lines
     throughput: float | None  # input (prefill) or gen (decode) tokens/s
-    new_seqs: int | None = None  # prefill lines: the requests the batch admitted
+    new_seqs: int | None = None  # prefill lines: sequences in the forward (a chunked request's every chunk)
 
 
 def batch_lines(text: str) -> list[BatchLine]:
@@ -46,9 +46,10 @@ def batch_lines(text: str) -> list[BatchLine]:
 
 
 def prefill_batches(text: str) -> tuple[int, float]:
-    """(prefill batches, mean requests a batch) of the log's prefill lines; (0, 0.0) without one.
-    Many small batches mean requests admitted as they arrive, each batch a forward the running decode
-    waits for; a capacity-bound server admits from a full queue, in fewer, larger ones."""
+    """(prefill batches, mean sequences a batch: ``#new-seq``, where a chunked request counts once per
+    chunk) of the log's prefill lines; (0, 0.0) without one. Many small batches mean requests admitted
+    as they arrive, each batch a forward the running decode waits for; a capacity-bound server admits
+    from a full queue, in fewer, larger ones."""
     seqs = [b.new_seqs for b in batch_lines(text) if b.kind == "prefill" and b.new_seqs is not None]
     return len(seqs), round(sum(seqs) / len(seqs), 1) if seqs else 0.0
 

@@ -158,7 +158,7 @@ def test_budgets_rounds_and_ratios(tmp_path):
     # cache), then the most hot pages held at once against the split's
     assert got["scratch"].splitlines()[0].endswith(
         "| peak scratch MiB since start / kept in the budget | peak hot pages held / hot pages "
-        "| prefill batches (mean requests) |")
+        "| prefill batches (mean sequences) |")
     assert got["scratch"].splitlines()[2].endswith("| 64.0 | - | - |") and rows["minima"][-4] == "-"
     assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 | - |")  # a server that reports them
     # the round's prefill batches and the requests each admitted ("-" in results that predate them)
@@ -221,6 +221,7 @@ def test_runs_of_separate_calls_render_as_one_table(tmp_path):
     rows = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in out.stdout.splitlines()[2:]}
     assert rows["minima-lean"][7] == "1.85" and rows["minima-lean"][11] == "1.36"
     assert rows["sglang-fp8"][11] == "1.00"
+    assert rows["minima-lean"][-2] == "-"  # results written before the prefill-batch column: said so
     assert "differ" not in out.stderr
     # runs of unlike loads: still one table, and a warning naming what differs
     out = table({**load, "input_len": "32768"})

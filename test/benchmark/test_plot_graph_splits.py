@@ -11,7 +11,8 @@ import plot_graph_splits  # noqa: E402
 
 
 def _row(batch: int, context: int, ms: dict[int, float]) -> dict:
-    return {"batch": batch, "context": context, "sweep": {str(n): {"ms": t} for n, t in ms.items()}}
+    # x_fp8: the time over FlashInfer FP8's, here over a 2.0 ms FP8 decode
+    return {"batch": batch, "context": context, "sweep": {str(n): {"ms": t, "x_fp8": t / 2.0} for n, t in ms.items()}}
 
 
 def test_score_takes_the_rules_count_against_each_rows_best() -> None:
@@ -40,4 +41,6 @@ def test_the_rule_is_taken_at_each_rows_own_context() -> None:
         _row(12, 131072, {2: 3.0, 4: 1.0}),
     ]}
     assert [plot_graph_splits.rule_splits(run, row, 132) for row in run["rows"]] == [(2, 1), (4, 1)]
+    # the figure's marks: each row circled at its own context's count (before, both at 131,072's 4)
+    assert plot_graph_splits.circles(run, 132) == [(12, 6400, 2, 0.5), (12, 131072, 4, 0.5)]
     assert plot_graph_splits.score([run], num_sms=132)["x_best_geomean"] == 1.0
