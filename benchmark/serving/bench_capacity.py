@@ -114,10 +114,12 @@ class ArmResult:
     """SGLang's prefill batches in the round (its ``Prefill batch`` lines; 0 in results that predate it)."""
     prefill_seqs_mean: float = 0.0
     """The mean sequences a prefill batch ran (SGLang's ``#new-seq``: a chunked request counts once per
-    chunk; bench_serving's warm-up request is in the round): an arm with room for every client admits
-    requests as they arrive, in many small batches each stalling the running decode; a capacity-bound
-    arm admits from a full queue in fewer, larger ones (SmolLM2's shared-prefix load, gsp_0956: Minima
-    66 batches of 4.0, FP8 33 of 8.0)."""
+    chunk; bench_serving's warm-up request is in the round)."""
+    prefill_queued: int = 0
+    """Prefill batches after which requests still waited (``#queue-req`` > 0). An arm with room for every
+    client admits requests as they arrive, in many small batches that leave no queue, each stalling the
+    running decode; a capacity-bound arm admits from a full queue in fewer, larger ones (SmolLM2's
+    shared-prefix load, gsp_0956: Minima 66 batches of 4.0, 7 leaving a queue; FP8 33 of 8.0, 23)."""
     kv: str = ""
     """The arm's KV format (``kv_format``); empty in results written before it was recorded."""
 
@@ -371,7 +373,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 f.seek(log_start)
                 round_log = f.read()
             windows = decode_windows(round_log)
-            prefills, seqs_mean = prefill_batches(round_log)
+            prefills, seqs_mean, prefills_queued = prefill_batches(round_log)
             rows, step_ms = decode_step(windows)
             state = server_state(server.url)
             minima = state.get("minima", {})
@@ -404,6 +406,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 kv=kv_format(arm, args.dtype, args.server_args),
                 output_tokens_retokenized=bench.get("total_output_tokens_retokenized", -1),
                 minima=minima, counters=counters, prefill_batches=prefills, prefill_seqs_mean=seqs_mean,
+                prefill_queued=prefills_queued,
             ))
             write(args, geometry, results)
     finally:
@@ -412,6 +415,10 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
 
 def _ratio(num: float, den: float) -> str:
     return f"{num / den:.2f}" if den else "-"
+
+
+def _prefills(r: ArmResult) -> str:
+    return f"{r.prefill_batches} ({r.prefill_seqs_mean:.1f}; {r.prefill_queued})" if r.prefill_batches else "-"
 
 
 def _step(r: ArmResult) -> str:
@@ -457,7 +464,7 @@ def render(results: list[ArmResult]) -> str:
         "| full-batch tok/s (x base) / decode lines at full batch "
         "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "
-        "| peak hot pages held / hot pages | prefill batches (mean sequences) |",
+        "| peak hot pages held / hot pages | prefill batches (mean sequences; leaving a queue) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -476,7 +483,7 @@ def render(results: list[ArmResult]) -> str:
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "
             f"| {c.get('peak_hot_pages', '-')} "
-            f"| {f'{r.prefill_batches} ({r.prefill_seqs_mean:.1f})' if r.prefill_batches else '-'} |")
+            f"| {_prefills(r)} |")
     return "\n".join(lines)
 
 

@@ -45,13 +45,17 @@ def batch_lines(text: str) -> list[BatchLine]:
     return out
 
 
-def prefill_batches(text: str) -> tuple[int, float]:
+def prefill_batches(text: str) -> tuple[int, float, int]:
     """(prefill batches, mean sequences a batch: ``#new-seq``, where a chunked request counts once per
-    chunk) of the log's prefill lines; (0, 0.0) without one. Many small batches mean requests admitted
-    as they arrive, each batch a forward the running decode waits for; a capacity-bound server admits
-    from a full queue, in fewer, larger ones."""
-    seqs = [b.new_seqs for b in batch_lines(text) if b.kind == "prefill" and b.new_seqs is not None]
-    return len(seqs), round(sum(seqs) / len(seqs), 1) if seqs else 0.0
+    chunk, batches that left a queue: ``#queue-req`` > 0 after them) of the log's prefill lines; (0,
+    0.0, 0) without one. Many small batches that leave no queue mean requests admitted as they arrive,
+    each batch a forward the running decode waits for; a capacity-bound server admits from a full
+    queue, in fewer, larger ones."""
+    lines = [b for b in batch_lines(text) if b.kind == "prefill" and b.new_seqs is not None]
+    if not lines:
+        return 0, 0.0, 0
+    queued = sum(1 for b in lines if b.queued)
+    return len(lines), round(sum(b.new_seqs for b in lines) / len(lines), 1), queued
 
 
 def decode_windows(text: str) -> list[tuple[int, float]]:

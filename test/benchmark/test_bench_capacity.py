@@ -62,7 +62,7 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
                                                  "pressure_cached": 1, "pressure_deferred": 2, "pressure_kept": 1}})])
 itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5})])
 prefill = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "prefill_batches": 66,
-                                     "prefill_seqs_mean": 3.9})])
+                                     "prefill_seqs_mean": 3.9, "prefill_queued": 7})])
 import http.server, threading
 seen = []
 class Stub(http.server.BaseHTTPRequestHandler):
@@ -158,11 +158,11 @@ def test_budgets_rounds_and_ratios(tmp_path):
     # cache), then the most hot pages held at once against the split's
     assert got["scratch"].splitlines()[0].endswith(
         "| peak scratch MiB since start / kept in the budget | peak hot pages held / hot pages "
-        "| prefill batches (mean sequences) |")
+        "| prefill batches (mean sequences; leaving a queue) |")
     assert got["scratch"].splitlines()[2].endswith("| 64.0 | - | - |") and rows["minima"][-4] == "-"
     assert got["scratch"].splitlines()[3].endswith("| 63.0 / 64.0 | 40 / 2148 | - |")  # a server that reports them
     # the round's prefill batches and the requests each admitted ("-" in results that predate them)
-    assert got["prefill"].splitlines()[2].endswith("| 66 (3.9) |")
+    assert got["prefill"].splitlines()[2].endswith("| 66 (3.9; 7) |")
     # conversions, and those made for want of a free hot page by what they were ("-": not a Minima
     # server; the total alone: a result written before the breakdown)
     assert got["scratch"].splitlines()[3].split("|")[19].strip() == "90 (6 / 1 / 2 / 1)"

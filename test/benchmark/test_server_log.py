@@ -23,10 +23,13 @@ def test_batch_lines_read_each_kind_with_or_without_iteration_numbers():
     assert decode_windows(log) == [(8, 640.5), (4, 400.0)]
 
 
-def test_prefill_batches_count_the_requests_each_admitted():
-    # a partial batch of 1 request and three full ones of 2: 4 batches, 7 requests; decode lines not counted
-    assert prefill_batches(scheduler_log([1.0] * 3, [(8, 640.5)])) == (4, 1.8)
-    assert prefill_batches(decode_line(4, 400.0)) == (0, 0.0)
+def test_prefill_batches_count_the_sequences_each_ran_and_the_queue_left():
+    # a partial line of 1 sequence (no queue field: not counted as leaving one) and three full ones of 2,
+    # each leaving 6 queued: 4 batches, 7 sequences, 3 that left a queue; decode lines not counted
+    assert prefill_batches(scheduler_log([1.0] * 3, [(8, 640.5)])) == (4, 1.8, 3)
+    empty = "[t] Prefill batch, #new-seq: 5, #new-token: 9, #running-req: 3, #queue-req: 0, input throughput (token/s): 1.0\n"
+    assert prefill_batches(empty * 2) == (2, 5.0, 0)
+    assert prefill_batches(decode_line(4, 400.0)) == (0, 0.0, 0)
 
 
 def test_logged_throughput_counts_full_batches_before_the_profile():
