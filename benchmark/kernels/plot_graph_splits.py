@@ -33,14 +33,21 @@ def rule_splits(run: dict, row: dict, num_sms: int) -> tuple[int, int]:
     return heuristics.graph_splits(row["batch"], h, -(-row["context"] // PAGE), PAGE, build, num_sms, head_dim=d)
 
 
+def rule_point(row: dict, splits: tuple[int, int]) -> dict | None:
+    """The swept point of the rule's ``splits`` in ``row``, None where the sweep lacks it (its points
+    have one FP8 split)."""
+    tq3, fp8 = splits
+    return row["sweep"].get(str(tq3)) if fp8 == 1 else None
+
+
 def circles(run: dict, num_sms: int) -> list[tuple[int, int, int, float]]:
     """(batch, context, the rule's TQ3 splits, its time over FlashInfer FP8's) for each row of ``run``
-    whose rule count was swept (the sweep's points have one FP8 split): the marks ``main`` draws."""
+    whose rule count was swept: the marks ``main`` draws."""
     out = []
     for row in run["rows"]:
-        tq3, fp8 = rule_splits(run, row, num_sms)
-        if fp8 == 1 and str(tq3) in row["sweep"]:
-            out.append((row["batch"], row["context"], tq3, row["sweep"][str(tq3)]["x_fp8"]))
+        splits = rule_splits(run, row, num_sms)
+        if (point := rule_point(row, splits)) is not None:
+            out.append((row["batch"], row["context"], splits[0], point["x_fp8"]))
     return out
 
 
@@ -51,13 +58,13 @@ def score(runs: list[dict], num_sms: int = 132) -> dict:
     ratios, worst, rule_ms, best_ms, unswept = [], None, 0.0, 0.0, []
     for run in runs:
         for row in run["rows"]:
-            tq3, fp8 = rule_splits(run, row, num_sms)
+            splits = rule_splits(run, row, num_sms)
             case = {"geometry": run["geometry"], "pages": run["pages"], "batch": row["batch"], "context": row["context"],
-                    "splits": [tq3, fp8]}
-            if fp8 != 1 or str(tq3) not in row["sweep"]:
+                    "splits": list(splits)}
+            if (point := rule_point(row, splits)) is None:
                 unswept.append(case)
                 continue
-            ms, best = row["sweep"][str(tq3)]["ms"], min(r["ms"] for r in row["sweep"].values())
+            ms, best = point["ms"], min(r["ms"] for r in row["sweep"].values())
             ratios.append(ms / best)
             rule_ms, best_ms = rule_ms + ms, best_ms + best
             if worst is None or ms / best > worst["x_best"]:
