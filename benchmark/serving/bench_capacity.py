@@ -90,6 +90,12 @@ class ArmResult:
     """bench_serving's median inter-token latency: the step a client sees between two tokens, which
     the prefill chunks run between decode steps move little (they land in TPOT and the ITL's tail)."""
     p99_itl_ms: float = 0.0
+    itl_stalls: float = 0.0
+    """Inter-token gaps longer than STALL_STEPS decode steps (``decode_step_ms``), per request: a prefill
+    batch (or a conversion's sync) run between two of the request's decode steps (0 in results that
+    predate it: bench_serving's per-request gaps, ``--output-details``)."""
+    itl_stall_share: float = 0.0
+    """Their share of the round's summed inter-token time: what the stalls cost its decode."""
     decode_rows: int = 0
     decode_step_ms: float = 0.0
     """SGLang's own decode log (``Decode batch`` lines) at the round's most running requests: the
@@ -363,7 +369,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             out_file.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
                    "--tokenizer", str(model_dir), *workload_args(args, clients, num_prompts),
-                   "--output-file", str(out_file), "--seed", "1", "--disable-tqdm"]
+                   "--output-file", str(out_file), "--seed", "1", "--disable-tqdm", "--output-details"]
             log_start = server.log_path.stat().st_size
             with Poller(server.url) as poll, open(work / f"{arm.name}-c{clients}.bench.log", "w") as log:
                 # bench_serving caches its prompts under ~/.cache
@@ -375,6 +381,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             windows = decode_windows(round_log)
             prefills, seqs_mean, prefills_queued = prefill_batches(round_log)
             rows, step_ms = decode_step(windows)
+            stalls, stall_share = itl_stalls(bench.get("itls", []), step_ms)
             state = server_state(server.url)
             minima = state.get("minima", {})
             counters = {}
@@ -401,6 +408,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 median_itl_ms=bench["median_itl_ms"], p99_itl_ms=bench["p99_itl_ms"],
+                itl_stalls=round(stalls, 1), itl_stall_share=round(stall_share, 3),
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
                 decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(windows),
                 kv=kv_format(arm, args.dtype, args.server_args),
@@ -413,8 +421,30 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
         server.stop()
 
 
+STALL_STEPS = 3.0
+"""An inter-token gap this many decode steps long is a stall: a step's time varies by less (a decode
+window's best against its median: 5.15 / 7.11 ms at SmolLM2's 64 rows, gsp_0956), and a prefill batch
+between two steps takes about ten (51 ms there, the p99 gap in both arms)."""
+
+
+def itl_stalls(itls: list[list[float]], step_ms: float) -> tuple[float, float]:
+    """(stalls per request, their share of the summed gaps) from bench_serving's per-request gaps (s)."""
+    if not itls or step_ms <= 0:
+        return 0.0, 0.0
+    gaps = [g * 1000 for req in itls for g in req]
+    stalls = [g for g in gaps if g > STALL_STEPS * step_ms]
+    return len(stalls) / len(itls), (sum(stalls) / sum(gaps) if sum(gaps) else 0.0)
+
+
 def _ratio(num: float, den: float) -> str:
     return f"{num / den:.2f}" if den else "-"
+
+
+def _itl(r: ArmResult) -> str:
+    if not r.median_itl_ms:
+        return "-"
+    stalls = f"; {r.itl_stalls:.1f} ({r.itl_stall_share:.0%})" if r.itl_stalls or r.itl_stall_share else ""
+    return f"{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}{stalls}"
 
 
 def _prefills(r: ArmResult) -> str:
@@ -460,7 +490,8 @@ def render(results: list[ArmResult]) -> str:
     "base / arm TPOT" > 1 where the arm decodes faster."""
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
-        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT | median / p99 ITL ms | decode step ms @ rows (best window / median) "
+        "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT "
+        "| median / p99 ITL ms; stalls a request (their share of the gaps) | decode step ms @ rows (best window / median) "
         "| full-batch tok/s (x base) / decode lines at full batch "
         "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "
@@ -478,7 +509,7 @@ def render(results: list[ArmResult]) -> str:
             f"| {r.output_throughput:,.1f} | {_ratio(r.output_throughput, base.output_throughput)} "
             f"| {r.mean_ttft_ms:,.0f} | {r.p99_ttft_ms:,.0f} | {r.mean_tpot_ms:.1f} "
             f"| {_ratio(base.mean_tpot_ms, r.mean_tpot_ms)} "
-            f"| {f'{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}' if r.median_itl_ms else '-'} "
+            f"| {_itl(r)} "
             f"| {_step(r)} | {_full_batch(r, base)} | {_converted(c)} "
             f"| {c.get('tq3_page_reads', '-')} | {c.get('fallbacks', '-')} | {c.get('peak_scratch_mib', '-')}"
             f"{' / ' + str(c['scratch_reserve_mib']) if 'scratch_reserve_mib' in c else ''} "

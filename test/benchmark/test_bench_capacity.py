@@ -60,7 +60,12 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
                                      "counters": {"peak_scratch_mib": 63.0, "scratch_reserve_mib": 64.0,
                                                  "peak_hot_pages": "40 / 2148", "converted": 90, "pressure_stale": 6,
                                                  "pressure_cached": 1, "pressure_deferred": 2, "pressure_kept": 1}})])
-itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5})])
+itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5}),
+                 bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 5.8, "p99_itl_ms": 51.3,
+                                 "itl_stalls": 17.0, "itl_stall_share": 0.48})])
+# two requests' gaps (s) at a 5 ms step: 15 ms is three steps, not a stall; 16 and 50 ms are
+stalls = [bc.itl_stalls([[0.005, 0.015, 0.05], [0.006, 0.016, 0.004, 0.004]], 5.0),
+          bc.itl_stalls([], 5.0), bc.itl_stalls([[0.05]], 0.0)]
 prefill = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "prefill_batches": 66,
                                      "prefill_seqs_mean": 3.9, "prefill_queued": 7})])
 import http.server, threading
@@ -87,7 +92,7 @@ share20 = bc.bytes_per_token(cuda["minima"], llama, "bfloat16", 64, ["--minima-f
 reserve["pool at 20%"] = [share20, bc.pool_tokens(6144 * 2**20, share20, reserve["minima"], 64)]
 kv = {name: bc.kv_format(arm, "bfloat16") for name, arm in cuda.items()}
 kv["minima k3"] = bc.kv_format(cuda["minima"], "bfloat16", ["--minima-key-bits", "3"])
-print(json.dumps({"reserve": reserve, "warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "prefill": prefill, "kv": kv, "override": override, "page_size_refused": page_size_refused,
+print(json.dumps({"reserve": reserve, "warm": warm, "canary": canary, "canary_flags": canary_flags, "random_args": random_args, "scratch": scratch, "itl": itl, "stalls": stalls, "prefill": prefill, "kv": kv, "override": override, "page_size_refused": page_size_refused,
                   "iters": bc.decode_step(bc.decode_windows(log.splitlines()[-1])), "decode": bc.decode_step(bc.decode_windows(log)),
                   "medians": bc.decode_medians(bc.decode_windows(log)),
                   "full": bc.render([bc.ArmResult(**{**result("sglang-fp8", 10, 1.0, 1.0).__dict__, "decode_rows": 15,
@@ -149,6 +154,10 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert zero[15] == "-" and zero[11] == "0.00"
     # bench_serving's median / p99 inter-token latency beside TPOT ("-" where a result predates it)
     assert minima[16] == "-" and got["itl"].splitlines()[2].split("|")[16].strip() == "12.4 / 230.5"
+    # and the gaps over three decode steps, per request, with their share of the summed gaps: the
+    # prefill batches (or syncs) run between a request's steps
+    assert got["itl"].splitlines()[3].split("|")[16].strip() == "5.8 / 51.3; 17.0 (48%)"
+    assert got["stalls"][0] == [1.0, 0.066 / 0.1] and got["stalls"][1:] == [[0.0, 0.0], [0.0, 0.0]]
     # the KV column: SGLang's cache dtype, Minima's tiers with the Stale key width (its bytes depend on it)
     assert got["kv"]["sglang-fp8"] == "fp8_e4m3" and got["kv"]["sglang"] == "bfloat16"
     assert got["kv"]["minima-fp8"] == "fp8 only"
