@@ -90,11 +90,11 @@ class ArmResult:
     """bench_serving's median inter-token latency: the step a client sees between two tokens, which
     the prefill chunks run between decode steps move little (they land in TPOT and the ITL's tail)."""
     p99_itl_ms: float = 0.0
-    itl_stalls: float = 0.0
-    """Inter-token gaps longer than STALL_STEPS decode steps (``decode_step_ms``), per request: a prefill
-    batch (or a conversion's sync) run between two of the request's decode steps (0 in results that
+    itl_stalls: float | None = None
+    """Inter-token gaps longer than STALL_STEPS decode steps (``itl_stalls``), per request: a prefill
+    batch (or a conversion's sync) run between two of the request's decode steps (None in results that
     predate it: bench_serving's per-request gaps, ``--output-details``)."""
-    itl_stall_share: float = 0.0
+    itl_stall_share: float | None = None
     """Their share of the round's summed inter-token time: what the stalls cost its decode."""
     decode_rows: int = 0
     decode_step_ms: float = 0.0
@@ -381,7 +381,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             windows = decode_windows(round_log)
             prefills, seqs_mean, prefills_queued = prefill_batches(round_log)
             rows, step_ms = decode_step(windows)
-            stalls, stall_share = itl_stalls(bench.get("itls", []), step_ms)
+            stalls, stall_share = itl_stalls(bench.get("itls") or [], step_ms)
             state = server_state(server.url)
             minima = state.get("minima", {})
             counters = {}
@@ -408,7 +408,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 median_itl_ms=bench["median_itl_ms"], p99_itl_ms=bench["p99_itl_ms"],
-                itl_stalls=round(stalls, 1), itl_stall_share=round(stall_share, 3),
+                itl_stalls=stalls and round(stalls, 1), itl_stall_share=stall_share and round(stall_share, 3),
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
                 decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(windows),
                 kv=kv_format(arm, args.dtype, args.server_args),
@@ -427,13 +427,18 @@ window's best against its median: 5.15 / 7.11 ms at SmolLM2's 64 rows, gsp_0956)
 between two steps takes about ten (51 ms there, the p99 gap in both arms)."""
 
 
-def itl_stalls(itls: list[list[float]], step_ms: float) -> tuple[float, float]:
-    """(stalls per request, their share of the summed gaps) from bench_serving's per-request gaps (s)."""
-    if not itls or step_ms <= 0:
-        return 0.0, 0.0
+def itl_stalls(itls: list[list[float]], step_ms: float) -> tuple[float, float] | tuple[None, None]:
+    """(stalls per request, their share of the summed gaps) from bench_serving's per-request gaps (s).
+    The step: the best decode window's (``decode_step_ms``), or the gaps' upper quartile where that is
+    shorter (a short round's few decode lines span its prefill: 626 ms a step against 80 ms gaps in a
+    16-token CPU round); (None, None) without gaps."""
     gaps = [g * 1000 for req in itls for g in req]
-    stalls = [g for g in gaps if g > STALL_STEPS * step_ms]
-    return len(stalls) / len(itls), (sum(stalls) / sum(gaps) if sum(gaps) else 0.0)
+    if len(gaps) < 2:
+        return None, None
+    quartile = statistics.quantiles(gaps, n=4)[2]
+    step = min(step_ms, quartile) if step_ms > 0 else quartile
+    stalls = [g for g in gaps if g > STALL_STEPS * step]
+    return len(stalls) / len(itls), sum(stalls) / sum(gaps)
 
 
 def _ratio(num: float, den: float) -> str:
@@ -443,7 +448,7 @@ def _ratio(num: float, den: float) -> str:
 def _itl(r: ArmResult) -> str:
     if not r.median_itl_ms:
         return "-"
-    stalls = f"; {r.itl_stalls:.1f} ({r.itl_stall_share:.0%})" if r.itl_stalls or r.itl_stall_share else ""
+    stalls = f"; {r.itl_stalls:.1f} ({r.itl_stall_share:.0%})" if r.itl_stalls is not None else ""
     return f"{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}{stalls}"
 
 
