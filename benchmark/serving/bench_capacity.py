@@ -91,11 +91,14 @@ class ArmResult:
     the prefill chunks run between decode steps move little (they land in TPOT and the ITL's tail)."""
     p99_itl_ms: float = 0.0
     itl_stalls: float | None = None
-    """Inter-token gaps longer than STALL_STEPS decode steps (``itl_stalls``), per request: a prefill
-    batch (or a conversion's sync) run between two of the request's decode steps (None in results that
-    predate it: bench_serving's per-request gaps, ``--output-details``)."""
+    """Inter-token gaps longer than ``itl_stall_ms`` per request that got tokens: a prefill batch (or a
+    conversion's sync) run between two of the request's decode steps (``stall_fields``). None where
+    bench_serving gave fewer than two gaps, or the result predates its per-request gaps
+    (``--output-details``)."""
     itl_stall_share: float | None = None
     """Their share of the round's summed inter-token time: what the stalls cost its decode."""
+    itl_stall_ms: float | None = None
+    """The gap that counts as a stall: STALL_STEPS steps, the step the arm's own (``stall_fields``)."""
     decode_rows: int = 0
     decode_step_ms: float = 0.0
     """SGLang's own decode log (``Decode batch`` lines) at the round's most running requests: the
@@ -381,7 +384,6 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
             windows = decode_windows(round_log)
             prefills, seqs_mean, prefills_queued = prefill_batches(round_log)
             rows, step_ms = decode_step(windows)
-            stalls, stall_share = itl_stalls(bench.get("itls") or [], step_ms)
             state = server_state(server.url)
             minima = state.get("minima", {})
             counters = {}
@@ -408,7 +410,7 @@ def run_arm(arm: Arm, args, model_dir: Path, model_flags: list[str], geometry: d
                 mean_ttft_ms=bench["mean_ttft_ms"], median_ttft_ms=bench["median_ttft_ms"],
                 p99_ttft_ms=bench["p99_ttft_ms"], mean_tpot_ms=bench["mean_tpot_ms"], duration_s=bench["duration"],
                 median_itl_ms=bench["median_itl_ms"], p99_itl_ms=bench["p99_itl_ms"],
-                itl_stalls=stalls and round(stalls, 1), itl_stall_share=stall_share and round(stall_share, 3),
+                **stall_fields(bench, step_ms),
                 peak_running_requests=poll.peak_running, peak_queued_requests=poll.peak_queued,
                 decode_rows=rows, decode_step_ms=step_ms, decode_medians=decode_medians(windows),
                 kv=kv_format(arm, args.dtype, args.server_args),
@@ -427,18 +429,22 @@ window's best against its median: 5.15 / 7.11 ms at SmolLM2's 64 rows, gsp_0956)
 between two steps takes about ten (51 ms there, the p99 gap in both arms)."""
 
 
-def itl_stalls(itls: list[list[float]], step_ms: float) -> tuple[float, float] | tuple[None, None]:
-    """(stalls per request, their share of the summed gaps) from bench_serving's per-request gaps (s).
+def stall_fields(bench: dict, step_ms: float) -> dict:
+    """ArmResult's stall fields from a bench_serving record's per-request gaps (``itls``, seconds).
     The step: the best decode window's (``decode_step_ms``), or the gaps' upper quartile where that is
     shorter (a short round's few decode lines span its prefill: 626 ms a step against 80 ms gaps in a
-    16-token CPU round); (None, None) without gaps."""
-    gaps = [g * 1000 for req in itls for g in req]
+    16-token CPU round). bench_serving spreads a streamed chunk's gap over its tokens, so a server with
+    ``--stream-interval`` > 1 hides stalls from this."""
+    per_request = [req for req in bench.get("itls") or [] if req]  # a failed request has none
+    gaps = [g * 1000 for req in per_request for g in req]
     if len(gaps) < 2:
-        return None, None
-    quartile = statistics.quantiles(gaps, n=4)[2]
-    step = min(step_ms, quartile) if step_ms > 0 else quartile
-    stalls = [g for g in gaps if g > STALL_STEPS * step]
-    return len(stalls) / len(itls), sum(stalls) / sum(gaps)
+        return {"itl_stalls": None, "itl_stall_share": None, "itl_stall_ms": None}
+    quartile = statistics.quantiles(gaps, n=4, method="inclusive")[2]
+    threshold = STALL_STEPS * (min(step_ms, quartile) if step_ms > 0 else quartile)
+    stalls = [g for g in gaps if g > threshold]
+    total = sum(gaps)
+    return {"itl_stalls": round(len(stalls) / len(per_request), 2),
+            "itl_stall_share": round(sum(stalls) / total, 3) if total else 0.0, "itl_stall_ms": round(threshold, 2)}
 
 
 def _ratio(num: float, den: float) -> str:
@@ -448,7 +454,7 @@ def _ratio(num: float, den: float) -> str:
 def _itl(r: ArmResult) -> str:
     if not r.median_itl_ms:
         return "-"
-    stalls = f"; {r.itl_stalls:.1f} ({r.itl_stall_share:.0%})" if r.itl_stalls is not None else ""
+    stalls = "" if r.itl_stalls is None else f"; {r.itl_stalls:.2f} ({r.itl_stall_share:.0%}) > {r.itl_stall_ms:g} ms"
     return f"{r.median_itl_ms:.1f} / {r.p99_itl_ms:.1f}{stalls}"
 
 
@@ -496,7 +502,7 @@ def render(results: list[ArmResult]) -> str:
     lines = [
         "| clients | prompts | arm | KV | bytes/token | logical tokens | x base | peak running | peak queued | out tok/s "
         "| x base | mean TTFT ms | p99 TTFT ms | mean TPOT ms | base / arm TPOT "
-        "| median / p99 ITL ms; stalls a request (their share of the gaps) | decode step ms @ rows (best window / median) "
+        "| median / p99 ITL ms; stalls per request (their share of the gaps) > the gap counted | decode step ms @ rows (best window / median) "
         "| full-batch tok/s (x base) / decode lines at full batch "
         "| converted (under pressure: Stale / cached / deferred / Anchor or Recent) | TQ3 page reads | fallbacks "
         "| peak scratch MiB since start / kept in the budget "

@@ -62,13 +62,17 @@ scratch = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, 
                                                  "pressure_cached": 1, "pressure_deferred": 2, "pressure_kept": 1}})])
 itl = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 12.44, "p99_itl_ms": 230.5}),
                  bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 5.8, "p99_itl_ms": 51.3,
-                                 "itl_stalls": 17.0, "itl_stall_share": 0.48})])
+                                 "itl_stalls": 17.0, "itl_stall_share": 0.48, "itl_stall_ms": 15.45}),
+                 bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "median_itl_ms": 80.0, "p99_itl_ms": 99.0,
+                                 "itl_stalls": 0.0, "itl_stall_share": 0.0, "itl_stall_ms": 297.0})])
 # two requests' gaps (s) at a 5 ms step: 15 ms is three steps, not a stall; 16 and 50 ms are. A
-# step longer than the gaps' upper quartile (16 ms here) gives way to it (50 ms a stall, 16 not); no
-# gaps, no figure
+# step longer than the gaps' upper quartile (15.5 ms here) gives way to it (50 ms a stall, 16 not); a
+# failed request (no gaps) is not a request that could stall; fewer than two gaps, or a record without
+# them (bench_serving without --output-details), no figure
 gaps = [[0.005, 0.015, 0.05], [0.006, 0.016, 0.004, 0.004]]
-stalls = [bc.itl_stalls(gaps, 5.0), bc.itl_stalls(gaps, 626.0), bc.itl_stalls(gaps, 0.0), bc.itl_stalls([], 5.0),
-          bc.itl_stalls([[0.05]], 5.0)]
+stalls = [bc.stall_fields({"itls": gaps}, 5.0), bc.stall_fields({"itls": gaps}, 626.0),
+          bc.stall_fields({"itls": gaps}, 0.0), bc.stall_fields({"itls": [*gaps, []]}, 5.0),
+          bc.stall_fields({"itls": []}, 5.0), bc.stall_fields({"itls": [[0.05]]}, 5.0), bc.stall_fields({}, 5.0)]
 prefill = bc.render([bc.ArmResult(**{**result("minima", 10, 1.0, 1.0).__dict__, "prefill_batches": 66,
                                      "prefill_seqs_mean": 3.9, "prefill_queued": 7})])
 import http.server, threading
@@ -159,10 +163,13 @@ def test_budgets_rounds_and_ratios(tmp_path):
     assert minima[16] == "-" and got["itl"].splitlines()[2].split("|")[16].strip() == "12.4 / 230.5"
     # and the gaps over three decode steps, per request, with their share of the summed gaps: the
     # prefill batches (or syncs) run between a request's steps
-    assert got["itl"].splitlines()[3].split("|")[16].strip() == "5.8 / 51.3; 17.0 (48%)"
-    assert [[n, round(share, 6)] for n, share in got["stalls"][:3]] == [[1.0, 0.66], [0.5, 0.5], [0.5, 0.5]]
-    assert got["stalls"][3:] == [[None, None], [None, None]]
-    assert minima[16] == "-"  # a result without the gaps (and one that predates them: rows above) says nothing of stalls
+    assert got["itl"].splitlines()[3].split("|")[16].strip() == "5.8 / 51.3; 17.00 (48%) > 15.45 ms"
+    assert got["itl"].splitlines()[4].split("|")[16].strip() == "80.0 / 99.0; 0.00 (0%) > 297 ms"
+    s = got["stalls"]
+    assert s[0] == {"itl_stalls": 1.0, "itl_stall_share": 0.66, "itl_stall_ms": 15.0}
+    assert s[1] == s[2] == {"itl_stalls": 0.5, "itl_stall_share": 0.5, "itl_stall_ms": 46.5}
+    assert s[3] == s[0]
+    assert s[4] == s[5] == s[6] == {"itl_stalls": None, "itl_stall_share": None, "itl_stall_ms": None}
     # the KV column: SGLang's cache dtype, Minima's tiers with the Stale key width (its bytes depend on it)
     assert got["kv"]["sglang-fp8"] == "fp8_e4m3" and got["kv"]["sglang"] == "bfloat16"
     assert got["kv"]["minima-fp8"] == "fp8 only"
