@@ -98,7 +98,7 @@ class ArmResult:
     itl_stall_share: float | None = None
     """Their share of the round's summed inter-token time: what the stalls cost its decode."""
     itl_stall_ms: float | None = None
-    """The gap that counts as a stall: STALL_STEPS steps, the step the arm's own (``stall_fields``)."""
+    """The gap that counts as a stall: STALL_STEPS of the arm's own step (``stall_fields``)."""
     decode_rows: int = 0
     decode_step_ms: float = 0.0
     """SGLang's own decode log (``Decode batch`` lines) at the round's most running requests: the

@@ -21,8 +21,8 @@
 #   bash scripts/device/run_suite.sh niah [BUDGET_S]        # benchmark/quality/niah.py: RULER NIAH, one server per arm
 #     NIAH_ARMS (env): the arms, each its own niah.py process and server, side by side on the GPU
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
-#     NIAH_KEY_BITS (env): the key widths SmolLM2's kernels are built for first (default 3,4; 4 where no
-#     arm pins 3-bit keys)
+#     NIAH_KEY_BITS (env): the key widths SmolLM2's kernels are built for first (default 3,4; set 4 where
+#     no arm pins --minima-key-bits 3)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
 #     NIAH_PORT (env): the first arm's port (default 31800; +20 per arm): two niah runs at once, each
@@ -188,7 +188,7 @@ niah)
   mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
   # both key widths (NIAH_KEY_BITS, env): niah.py's 3-bit arms pin --minima-key-bits 3, the others take
-  # the default (4), and a run of only those saves the 3-bit build's time (NIAH_KEY_BITS=4);
+  # the default (4), and a run whose arms all take 4-bit keys saves the 3-bit build's time (NIAH_KEY_BITS=4);
   # page-centered builds too where an arm serves them (minima-k4-center)
   warm_smollm2 --key-bits "${NIAH_KEY_BITS:-3,4}" $([[ "$arms" == *center* ]] && echo --key-center)
   left=$((budget - (SECONDS - t0)))
