@@ -323,6 +323,17 @@ def generate_one(url: str, ex: Example, max_new_tokens: int) -> tuple[dict, floa
     return r.json(), time.time() - t0
 
 
+def unpack_answers(path: Path, lines: list[str]) -> None:
+    """Committed answers' unpacked copy at ``path``, unless there is one: processes that split an arm's
+    tasks (run_suite.sh's NIAH_SHARDS) resume from one gzip, and a second copy written over the first
+    would drop what a shard has appended since."""
+    try:
+        with path.open("x") as f:
+            f.write("".join(line + "\n" for line in lines))
+    except FileExistsError:
+        pass
+
+
 def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url: str | None) -> None:
     """Answer the examples of ``run`` not yet in its JSONL, appending each group as it comes."""
     path = answers_path(args.out, run)
@@ -333,7 +344,7 @@ def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url:
     if not groups or time.time() > args.deadline:
         return
     if lines and not path.exists():  # resuming committed (gzipped) answers: append to their unpacked copy
-        path.write_text("".join(line + "\n" for line in lines))
+        unpack_answers(path, lines)
     server = None
     if url is None:
         server = launch_arm(run, args)

@@ -23,6 +23,8 @@
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
 #     NIAH_KEY_BITS (env): the key widths SmolLM2's kernels are built for first (default 3,4; set 4 where
 #     no arm pins --minima-key-bits 3)
+#     NIAH_SHARDS (env): each arm's eight tasks over N processes and servers (default 1): its pace is the
+#     host's step (8K at 256-token chunks, two arms at 3: 512 examples each in about 380 s, 2026-12-07)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
 #     NIAH_PORT (env): the first arm's port (default 31800; +20 per arm): two niah runs at once, each
@@ -52,12 +54,16 @@ warm_serving() {  # args: seconds, then warm_kernels.py --serving's flags: a mod
 }
 warm_smollm2() { warm_serving 240 --geometries 9/3/64/64 "$@"; }  # args: more flags
 arms_side_by_side() {  # args: script, log prefix, first port, then its flags for every arm: one process and
-  # server per arm of $arms, side by side on the GPU, each under $left seconds; then $ref, the report's reference
-  local script=$1 prefix=$2 port=$3 i=0 arm; shift 3
+  # server per arm of $arms (and per entry of $shards: flags that split an arm's work, "" for one), side by side
+  # on the GPU, each under $left seconds; then $ref, the report's reference
+  local script=$1 prefix=$2 port=$3 i=0 arm shard; shift 3
+  local -a parts=("${shards[@]:-}")
   for arm in ${arms//,/ }; do
-    timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" \
-      > "$WORK/${prefix}_$arm.log" 2>&1 &
-    i=$((i + 1))
+    for shard in "${parts[@]}"; do
+      timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" $shard \
+        > "$WORK/${prefix}_$arm${shard:+_$i}.log" 2>&1 &
+      i=$((i + 1))
+    done
   done
   wait
   ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
@@ -192,6 +198,18 @@ niah)
   # page-centered builds too where an arm serves them (minima-k4-center)
   warm_smollm2 --key-bits "${NIAH_KEY_BITS:-3,4}" $([[ "$arms" == *center* ]] && echo --key-center)
   left=$((budget - (SECONDS - t0)))
+  # NIAH_SHARDS (header): a shard is a --tasks share of the eight, round robin; niah.py appends a group at
+  # a time, so an arm's shards share its answers file
+  shards=()
+  if [ "${NIAH_SHARDS:-1}" -gt 1 ]; then
+    [[ " $nargs " == *" --tasks"* ]] && { echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
+    read -ra tasks <<< "$(cd benchmark/quality && python3 -c 'from ruler_data import TASKS; print(*TASKS)')"
+    [ "${#tasks[@]}" -gt 0 ] || { echo "run_suite niah: NIAH_SHARDS: ruler_data.TASKS did not import" >&2; exit 2; }
+    for ((s = 0; s < NIAH_SHARDS; s++)); do
+      picked=""; for ((k = s; k < ${#tasks[@]}; k += NIAH_SHARDS)); do picked+="${picked:+,}${tasks[k]}"; done
+      shards+=("--tasks $picked")
+    done
+  fi
   # each stops starting groups 60 s before the budget (its server's stop)
   # ($nargs: niah.py's flags, split into words)
   arms_side_by_side benchmark/quality/niah.py niah "${NIAH_PORT:-31800}" --out "$WORK/niah" --time-budget-s $((left - 60)) $nargs

@@ -174,6 +174,16 @@ def test_gzipped_answers_are_read_and_a_resume_appends_to_their_unpacked_copy(tm
     assert len(niah.load_answers(tmp_path, run)) == 4
 
 
+def test_a_second_unpack_keeps_what_a_shard_appended_to_the_first(tmp_path):
+    path = tmp_path / "fp8@256.jsonl"
+    rows = [json.dumps(_row(i, 100.0, None)) for i in range(3)]
+    niah.unpack_answers(path, rows[:2])
+    with path.open("a") as f:  # the shard that unpacked it answers a group
+        f.write(rows[2] + "\n")
+    niah.unpack_answers(path, rows[:2])  # the shard beside it, resuming from the same gzip
+    assert path.read_text().splitlines() == rows
+
+
 def test_the_macro_by_length_averages_each_lengths_tasks_and_flags_a_length_without_tq3(tmp_path):
     def row(task: str, length: int, index: int, score: float, tq3: int) -> dict:
         routes = {"route_hot_pages": 4, "route_tq3_pages": tq3, "route_hot_tokens": 256, "route_tq3_tokens": 64 * tq3,
