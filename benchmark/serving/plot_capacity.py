@@ -1,5 +1,7 @@
 """One picture of bench_capacity.py runs: per arm, output throughput, mean TTFT, mean TPOT and peak
-running requests, one group of bars per round (its clients and prompts), same KV byte budget.
+running requests, one group of bars per round (its clients and prompts), same KV byte budget. Where a
+run has the stall figure (``itl_stall_share``), the TPOT bar's hatched top is its share in stalls: the
+gaps longer than three decode steps, prefill batches run between decode steps (#16 (a): 58-66%).
 
   python benchmark/serving/plot_capacity.py run8/serving.json run32/serving.json --out capacity.png
 """
@@ -29,6 +31,16 @@ def rounds(runs: list[dict]) -> dict[tuple[int, int], dict[str, dict]]:
     return dict(sorted(out.items()))
 
 
+def tpot_split(res: dict) -> tuple[float, float] | None:
+    """(TPOT outside stalls, TPOT in them) in ms: the mean TPOT cut by the stalls' share of the summed
+    gaps (exact where every request has the same output length, as bench_capacity's datasets do); None
+    for a run without the stall figure."""
+    share = res.get("itl_stall_share")
+    if share is None or res.get("mean_tpot_ms") is None:
+        return None
+    return res["mean_tpot_ms"] * (1 - share), res["mean_tpot_ms"] * share
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+", type=Path, help="JSON files of bench_capacity.py")
@@ -43,9 +55,18 @@ def main() -> None:
     for ax, (key, label) in zip(axes, PANELS):
         for i, arm in enumerate(arms):
             xs = [x + (i - (len(arms) - 1) / 2) * width for x, by_arm in enumerate(groups.values()) if arm in by_arm]
-            ax.bar(xs, [by_arm[arm][key] for by_arm in groups.values() if arm in by_arm], width, label=arm)
+            results = [by_arm[arm] for by_arm in groups.values() if arm in by_arm]
+            splits = [tpot_split(r) for r in results] if key == "mean_tpot_ms" else [None]
+            if all(splits):
+                bars = ax.bar(xs, [s[0] for s in splits], width, label=arm)
+                ax.bar(xs, [s[1] for s in splits], width, bottom=[s[0] for s in splits],
+                       color=bars.patches[0].get_facecolor(), alpha=0.45, hatch="//")
+                ax.set_title(label + "\nhatched: in stalls", fontsize=10)
+            else:
+                ax.bar(xs, [r[key] for r in results], width, label=arm)
         ax.set_xticks(range(len(groups)), [f"{c} clients" + (f"\n{p} prompts" if p else "") for c, p in groups])
-        ax.set_title(label)
+        if not ax.get_title():
+            ax.set_title(label)
     axes[0].legend(fontsize=8)
     budget = float(runs[0]["args"]["budget_mib"])  # args are stored as strings
     device = runs[0].get("device", "cpu")
