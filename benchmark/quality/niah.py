@@ -326,12 +326,16 @@ def generate_one(url: str, ex: Example, max_new_tokens: int) -> tuple[dict, floa
 def unpack_answers(path: Path, lines: list[str]) -> None:
     """Committed answers' unpacked copy at ``path``, unless there is one: processes that split an arm's
     tasks (run_suite.sh's NIAH_SHARDS) resume from one gzip, and a second copy written over the first
-    would drop what a shard has appended since."""
+    would drop what a shard has appended since. The copy is written aside and linked into place, so a
+    shard beside this one sees no file or the whole of it, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text("".join(line + "\n" for line in lines))
     try:
-        with path.open("x") as f:
-            f.write("".join(line + "\n" for line in lines))
+        os.link(tmp, path)
     except FileExistsError:
         pass
+    finally:
+        tmp.unlink()
 
 
 def answer_run(run: Run, examples: list[Example], args: argparse.Namespace, url: str | None) -> None:

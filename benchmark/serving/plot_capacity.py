@@ -67,7 +67,8 @@ def main() -> None:
         ax.set_xticks(range(len(groups)), [f"{c} clients" + (f"\n{p} prompts" if p else "") for c, p in groups])
         if not ax.get_title():
             ax.set_title(label)
-    axes[0].legend(fontsize=8)
+    axes[0].set_ylim(top=axes[0].get_ylim()[1] * 1.3)  # room for the legend above the bars
+    axes[0].legend(fontsize=8, loc="upper right")
     budget = float(runs[0]["args"]["budget_mib"])  # args are stored as strings
     device = runs[0].get("device", "cpu")
     fig.suptitle(args.title or f"bench_serving, {budget:g} MiB of KV per arm ({device})")

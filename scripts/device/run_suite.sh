@@ -19,15 +19,15 @@
 #     the baseline first: a call's limit cut its trace on 2026-12-03)
 #     PROFILE_WARM (env): warm_kernels.py --serving flags (default SmolLM2's geometry; "none": the caches warm)
 #   bash scripts/device/run_suite.sh niah [BUDGET_S]        # benchmark/quality/niah.py: RULER NIAH, one server per arm
-#     NIAH_ARMS (env): the arms, each its own niah.py process and server, side by side on the GPU
+#     NIAH_ARMS (env): the arms, each its own niah.py process and server (NIAH_SHARDS of them), side by side on the GPU
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
 #     NIAH_KEY_BITS (env): the key widths SmolLM2's kernels are built for first (default 3,4; set 4 where
 #     no arm pins --minima-key-bits 3)
 #     NIAH_SHARDS (env): each arm's eight tasks over N processes and servers (default 1): its pace is the
-#     host's step (8K at 256-token chunks, two arms at 3: 512 examples each in about 380 s, 2026-12-07)
+#     host's step (8K at 256-token chunks, 3 an arm: Minima's 512 examples in 266 s, FP8's in 114 s, 2026-12-07)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
-#     NIAH_PORT (env): the first arm's port (default 31800; +20 per arm): two niah runs at once, each
+#     NIAH_PORT (env): the first arm's port (default 31800; +20 per process: arms x NIAH_SHARDS): two niah runs at once, each
 #     with its own OUT, WORK and NIAH_PORT
 #   bash scripts/device/run_suite.sh ppl [BUDGET_S]         # benchmark/quality/perplexity.py: NLL and greedy agreement
 #     PPL_ARMS (env): the arms, side by side (default bf16,fp8,minima-nostale,minima-k4; reference fp8)
@@ -56,13 +56,14 @@ warm_smollm2() { warm_serving 240 --geometries 9/3/64/64 "$@"; }  # args: more f
 arms_side_by_side() {  # args: script, log prefix, first port, then its flags for every arm: one process and
   # server per arm of $arms (and per entry of $shards: flags that split an arm's work, "" for one), side by side
   # on the GPU, each under $left seconds; then $ref, the report's reference
-  local script=$1 prefix=$2 port=$3 i=0 arm shard; shift 3
+  local script=$1 prefix=$2 port=$3 i=0 j arm shard; shift 3
   local -a parts=("${shards[@]:-}")
   for arm in ${arms//,/ }; do
+    j=0
     for shard in "${parts[@]}"; do
       timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" $shard \
-        > "$WORK/${prefix}_$arm${shard:+_$i}.log" 2>&1 &
-      i=$((i + 1))
+        > "$WORK/${prefix}_$arm${shard:+_$j}.log" 2>&1 &
+      i=$((i + 1)); j=$((j + 1))
     done
   done
   wait
@@ -201,10 +202,13 @@ niah)
   # NIAH_SHARDS (header): a shard is a --tasks share of the eight, round robin; niah.py appends a group at
   # a time, so an arm's shards share its answers file
   shards=()
+  [[ "${NIAH_SHARDS:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run_suite niah: NIAH_SHARDS=$NIAH_SHARDS: a count of processes an arm" >&2; exit 2; }
   if [ "${NIAH_SHARDS:-1}" -gt 1 ]; then
-    [[ " $nargs " == *" --tasks"* ]] && { echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
+    # (argparse takes a prefix of --tasks too)
+    [[ " $nargs " == *" --ta"* ]] && { echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
     read -ra tasks <<< "$(cd benchmark/quality && python3 -c 'from ruler_data import TASKS; print(*TASKS)')"
     [ "${#tasks[@]}" -gt 0 ] || { echo "run_suite niah: NIAH_SHARDS: ruler_data.TASKS did not import" >&2; exit 2; }
+    ((NIAH_SHARDS > ${#tasks[@]})) && NIAH_SHARDS=${#tasks[@]}  # a shard a task at most
     for ((s = 0; s < NIAH_SHARDS; s++)); do
       picked=""; for ((k = s; k < ${#tasks[@]}; k += NIAH_SHARDS)); do picked+="${picked:+,}${tasks[k]}"; done
       shards+=("--tasks $picked")
