@@ -43,6 +43,8 @@ Arms (``--arms``):
                      converted while it is prefilled. Every Minima arm but minima-default pins the last
                      two (``--minima-sink-pages 1 --minima-no-defer-prefill-conversion``) unless it names them.
   minima-aggressive  minima with one Recent page, one sink page, no Anchor budget.
+  minima-default-aggressive  the defaults with one Recent page, one sink page, no Anchor budget (#17's aggressive
+                     arm on today's 4-bit keys and deferred conversion).
   minima-defer       minima plus ``--minima-defer-prefill-conversion``.
   minima-recentN     minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
   minima-sink4       minima with four sink pages.
@@ -168,6 +170,10 @@ ARMS: dict[str, ArmSpec] = {
                 ("--minima-fp8-page-fraction", "0.2", "--minima-strict-hot-admission")),
         # the defaults with page-centered keys (minima-k4-center below carries the pinned older policy)
         ArmSpec("minima-default-center", "sglang_minima.launch_server", ("--minima-key-center",)),
+        # #17's aggressive arm on the defaults (minima-aggressive below pins 3-bit keys and one sink page):
+        # one Recent page, one sink page, no Anchor budget
+        ArmSpec("minima-default-aggressive", "sglang_minima.launch_server",
+                ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
     )
 } | {
     a.name: _pinned(a)
