@@ -53,19 +53,22 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6))
     width = 0.8 / len(arms)
     for ax, (key, label) in zip(axes, PANELS):
+        hatched = False
         for i, arm in enumerate(arms):
             xs = [x + (i - (len(arms) - 1) / 2) * width for x, by_arm in enumerate(groups.values()) if arm in by_arm]
             results = [by_arm[arm] for by_arm in groups.values() if arm in by_arm]
-            splits = [tpot_split(r) for r in results] if key == "mean_tpot_ms" else [None]
-            if all(splits):
+            splits = [tpot_split(r) for r in results] if key == "mean_tpot_ms" else []
+            if splits and all(splits):
                 bars = ax.bar(xs, [s[0] for s in splits], width, label=arm)
                 ax.bar(xs, [s[1] for s in splits], width, bottom=[s[0] for s in splits],
                        color=bars.patches[0].get_facecolor(), alpha=0.45, hatch="//")
-                ax.set_title(label + "\nhatched: in stalls", fontsize=10)
+                hatched = True
             else:
                 ax.bar(xs, [r[key] for r in results], width, label=arm)
         ax.set_xticks(range(len(groups)), [f"{c} clients" + (f"\n{p} prompts" if p else "") for c, p in groups])
-        if not ax.get_title():
+        if hatched:
+            ax.set_title(label + "\nhatched: in stalls", fontsize=10)
+        else:
             ax.set_title(label)
     axes[0].set_ylim(top=axes[0].get_ylim()[1] * 1.3)  # room for the legend above the bars
     axes[0].legend(fontsize=8, loc="upper right")
