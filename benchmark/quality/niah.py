@@ -568,6 +568,9 @@ def fmt_diff(d: float | None, ci) -> str:
 
 
 def markdown(result: dict, args: argparse.Namespace) -> str:
+    if not result["cells"]:  # not an empty table: a run the budget stopped before any answer says so
+        return ("No arm answered an example: every arm stopped before its first group (its log says why, "
+                "e.g. `--time-budget-s reached`); nothing to score.\n")
     lines = []
     ref = result["reference"]
     for chunk in args.chunked_prefill_sizes:
@@ -651,12 +654,14 @@ def plot_frontier(result: dict, path: Path) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
+    labels = list(result["macro"])
+    if not labels:  # nothing answered: no figure (markdown says why)
+        return
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = list(result["macro"])
     scores = [result["macro"][k]["score"] for k in labels]
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 4))
     ax.bar(range(len(labels)), scores, color=["tab:blue" if "minima" in k else "tab:gray" for k in labels])

@@ -230,3 +230,18 @@ def test_every_minima_arm_is_a_valid_minima_config():
     # the defaults and page-centered keys, nothing else (minima-k4-center carries the pinned older policy)
     centered = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-center"].flags))[0])
     assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
+
+
+def test_a_run_that_answered_nothing_says_so_and_draws_nothing(tmp_path):
+    """A call whose budget ended while its servers started (2026-12-07, call 13) wrote empty answers
+    files; its report says that in a sentence, not as tables without rows, and draws no figure."""
+    for label in ("fp8@256", "minima@256"):
+        _answers(tmp_path, label, [])
+    args = Namespace(out=tmp_path, reference="fp8", arms=["fp8", "minima"], chunked_prefill_sizes=["256"],
+                     bootstrap=200, seed=0, geometry=(3, 64), page_size=64, dtype="bfloat16")
+    result = niah.report([niah.Run(a, "256") for a in args.arms], [_ex("niah_single_1", 1024, i) for i in range(2)], args)
+    assert result["cells"] == [] and result["macro"] == {}
+    assert niah.markdown(result, args).startswith("No arm answered an example")
+    niah.plot(result, tmp_path / "niah.png")
+    niah.plot_frontier(result, tmp_path / "niah_frontier.png")
+    assert not list(tmp_path.glob("*.png"))
