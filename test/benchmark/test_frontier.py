@@ -1,0 +1,56 @@
+"""benchmark/quality/frontier.py over synthetic committed runs: a point pools its runs' paired
+differences (each against its own call's reference) and weighs its runs' bytes by attended tokens."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmark" / "quality"))
+
+import frontier  # noqa: E402
+import niah  # noqa: E402
+
+GEOMETRY = {"geometry": [3, 64], "page_size": 64, "dtype": "bfloat16", "server_args": ""}
+
+
+def _run(directory: Path, label: str, scores: dict[int, float], routes: dict | None) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "niah.json").write_text(json.dumps({"meta": {"args": GEOMETRY}}))
+    (directory / "answers").mkdir(exist_ok=True)
+    rows = [{"key": f"niah_single_1/1024/{i}", "task": "niah_single_1", "length": 1024, "index": i, "score": s,
+             "routes": routes, "group": f"niah_single_1/1024/{min(scores)}", "group_size": len(scores)}
+            for i, s in scores.items()]
+    (directory / "answers" / f"{label}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_point_pools_its_runs_and_weighs_their_bytes_by_attended_tokens(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run(a, "fp8@default", dict.fromkeys(range(4), 100.0), None)
+    _run(a, "minima@default", {0: 100.0, 1: 0.0, 2: 100.0, 3: 100.0},
+         {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 1920, "route_tq3_tokens": 640})
+    _run(b, "fp8@default", dict.fromkeys(range(2, 6), 100.0), None)
+    _run(b, "minima@default", dict.fromkeys(range(2, 6), 100.0),
+         {"route_hot_pages": 0, "route_tq3_pages": 16, "route_hot_tokens": 0, "route_tq3_tokens": 1000})
+    points = frontier.main(["--out", str(tmp_path / "f.png"), "--bootstrap", "200",
+                            "--point", f"two runs={a}:minima@default,{b}:minima@default",
+                            "--point", f"fp8 alone={a}:fp8@default"])
+    two, ref = points
+    # six examples: 0-1 in run a only, 2-3 in both (averaged), 4-5 in b only; one lost of six
+    assert two["examples"] == 6 and two["diff_vs_ref"] == pytest.approx(-100 / 6)
+    # FP8 384 bytes a token and layer (3 heads x 64 dims x K and V), TQ3 with 3-bit keys 162
+    assert two["bytes_per_token"] == pytest.approx((1920 * 384 + 640 * 162 + 1000 * 162) / 3560)
+    assert two["lengths"] == [1024] and two["worst_task"]["task"] == "niah_single_1"
+    assert ref["bytes_per_token"] == 384 and ref["diff_vs_ref"] == 0
+    assert (tmp_path / "f.png").stat().st_size > 0
+    assert json.loads((tmp_path / "f.json").read_text())["points"][0]["label"] == "two runs"
+    assert "| two runs | 2 | 6 | 1024 | -16.67" in (tmp_path / "f.md").read_text()
+
+
+def test_a_point_without_runs_is_refused_by_name():
+    with pytest.raises(argparse.ArgumentTypeError, match="LABEL=DIR:ARM@CHUNK"):
+        frontier.parse_point("defaults")
+    assert frontier.parse_point("x=d:minima@256").runs[0][1] == niah.Run("minima", "256")
