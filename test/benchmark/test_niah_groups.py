@@ -230,10 +230,16 @@ def test_every_minima_arm_is_a_valid_minima_config():
     # the defaults and page-centered keys, nothing else (minima-k4-center carries the pinned older policy)
     centered = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-center"].flags))[0])
     assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
+    # the frontier's arms: the defaults with one window changed, nothing else
+    defaults = parse_minima_argv([])
+    for name, change in [("minima-default-recent8", {"recent_pages": 8}), ("minima-default-recent32", {"recent_pages": 32}),
+                         ("minima-default-sink4", {"sink_pages": 4})]:
+        config = parse_minima_argv(split_minima_argv(list(niah.ARMS[name].flags))[0])
+        assert config == dataclasses.replace(defaults, **change) != defaults
 
 
 def test_a_run_that_answered_nothing_says_so_and_draws_nothing(tmp_path):
-    """A call whose budget ended while its servers started (2026-12-07, call 13) wrote empty answers
+    """A call whose budget ended while its servers started (2026-12-07, stop 60's call 11) wrote empty answers
     files; its report says that in a sentence, not as tables without rows, and draws no figure."""
     for label in ("fp8@256", "minima@256"):
         _answers(tmp_path, label, [])
