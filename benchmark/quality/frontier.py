@@ -9,7 +9,10 @@ macro: each example's difference against the reference of its own run, averaged 
 answered it, then the mean over tasks, with a bootstrap interval over examples within each task. Its
 bytes are the KV bytes per attended token and layer of all its runs together (the route counters'
 FP8 and TQ3 token reads, each run's codec layout). Points of one figure should cover the same
-lengths: the figure says which each covers, and a macro over other lengths is another quantity.
+lengths: the figure says which each covers, and a macro over other lengths is another quantity. The
+two axes weigh examples differently: Δ gives every task of a length the same weight, the bytes are
+per attended token, so long prompts weigh more there (the defaults' four runs: 212 bytes by tokens,
+about 228 by examples).
 
   python benchmark/quality/frontier.py --out docs/results/quality_frontier_default.png \\
       --point "FP8 pages only=docs/results/quality_h200_arms_1754:minima-nostale@default" \\
@@ -57,7 +60,16 @@ def run_bytes(directory: Path, run: niah.Run) -> tuple[float | None, int]:
 
 
 def measure(point: Point, reference: str, resamples: int) -> dict:
+    for d, run in point.runs:  # a misspelt run would add nothing and still count as one of the point's
+        if not (d / "niah.json").exists():
+            raise SystemExit(f"--point {point.label!r}: {d} holds no niah.json (not a niah.py run)")
+        if run.arm not in niah.ARMS:
+            raise SystemExit(f"--point {point.label!r}: {run.arm!r} is not a niah.py arm")
     diffs = [pooled_delta.paired(d, run, reference, None) for d, run in point.runs]
+    for (d, run), paired in zip(point.runs, diffs):
+        if not paired:
+            raise SystemExit(f"--point {point.label!r}: {d}:{run.label} has no example answered beside "
+                             f"{reference}@{run.chunk} (check the arm and the chunk)")
     r = pooled_delta.averaged(diffs, resamples)
     per_run = [run_bytes(d, run) for d, run in point.runs]
     known = [(b, t) for b, t in per_run if b is not None]
@@ -68,9 +80,10 @@ def measure(point: Point, reference: str, resamples: int) -> dict:
         bpt = sum(b * t for b, t in known) / tokens
     else:  # arms that do not convert: one fixed figure
         bpt = known[0][0]
-    lengths = sorted({int(k.split("/")[1]) for d in diffs for k in d})
+    lengths = sorted({int(k.rsplit("/", 2)[1]) for d in diffs for k in d})  # keys are task/length/index
     worst = min(r["per_task"].items(), key=lambda kv: kv[1][0])
     return {"label": point.label, "runs": [f"{d}:{run.label}" for d, run in point.runs],
+            "minima": any(niah.ARMS[run.arm].is_minima for _, run in point.runs),
             "examples": r["examples"], "lengths": lengths, "chunks": sorted({run.chunk for _, run in point.runs}),
             "diff_vs_ref": r["pooled"], "diff_ci95": list(r["ci95"]), "bytes_per_token": bpt,
             "worst_task": {"task": worst[0], "diff": worst[1][0], "ci95": list(worst[1][1])}}
@@ -102,9 +115,8 @@ def plot(points: list[dict], path: Path, reference: str, reference_bytes: float 
         if p["bytes_per_token"] is None:
             continue
         d, (lo, hi) = p["diff_vs_ref"], p["diff_ci95"]
-        minima = any("minima" in r for r in p["runs"])
         ax.errorbar(p["bytes_per_token"], d, yerr=[[d - lo], [hi - d]], fmt="o", capsize=3,
-                    color="tab:blue" if minima else "tab:gray")
+                    color="tab:blue" if p["minima"] else "tab:gray")
         ax.annotate(p["label"], (p["bytes_per_token"], d), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.axhline(0, color="black", lw=0.6)
     if reference_bytes is not None:  # the reference itself: Δ 0 at its own bytes
@@ -113,7 +125,8 @@ def plot(points: list[dict], path: Path, reference: str, reference_bytes: float 
     if target is not None:
         ax.axhline(target, color="tab:red", lw=0.8, ls="--", label=f"target {target:+.1f} pp")
         ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlabel("KV bytes per attended token and layer (FP8: 384)")
+    ax.set_xlabel("KV bytes per attended token and layer"
+                  + ("" if reference_bytes is None else f" ({reference}: {reference_bytes:.0f})"))
     ax.set_ylabel(f"RULER NIAH macro Δ vs {reference} (pp, 95% CI)")
     ax.set_title(textwrap.fill(title, 90), fontsize=9)
     ax.grid(alpha=0.3)
@@ -132,9 +145,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--bootstrap", type=int, default=5000)
     args = ap.parse_args(argv)
     points = [measure(p, args.reference, args.bootstrap) for p in args.point]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     md = markdown(points, args.reference)
     args.out.with_suffix(".json").write_text(json.dumps({"reference": args.reference, "points": points}, indent=1))
     args.out.with_suffix(".md").write_text(md)
+    # the reference's own bytes, from the first run's directory (a converting reference: that run's figure)
     directory, first = args.point[0].runs[0]
     plot(points, args.out, args.reference, run_bytes(directory, niah.Run(args.reference, first.chunk))[0],
          args.title, args.target)

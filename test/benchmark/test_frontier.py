@@ -33,21 +33,35 @@ def test_a_point_pools_its_runs_and_weighs_their_bytes_by_attended_tokens(tmp_pa
     _run(a, "minima@default", {0: 100.0, 1: 0.0, 2: 100.0, 3: 100.0},
          {"route_hot_pages": 30, "route_tq3_pages": 10, "route_hot_tokens": 1920, "route_tq3_tokens": 640})
     _run(b, "fp8@default", dict.fromkeys(range(2, 6), 100.0), None)
-    _run(b, "minima@default", dict.fromkeys(range(2, 6), 100.0),
+    _run(b, "minima@default", {2: 0.0, 3: 100.0, 4: 100.0, 5: 100.0},
          {"route_hot_pages": 0, "route_tq3_pages": 16, "route_hot_tokens": 0, "route_tq3_tokens": 1000})
     points = frontier.main(["--out", str(tmp_path / "f.png"), "--bootstrap", "200",
                             "--point", f"two runs={a}:minima@default,{b}:minima@default",
                             "--point", f"fp8 alone={a}:fp8@default"])
     two, ref = points
-    # six examples: 0-1 in run a only, 2-3 in both (averaged), 4-5 in b only; one lost of six
-    assert two["examples"] == 6 and two["diff_vs_ref"] == pytest.approx(-100 / 6)
+    # six examples: 0-1 in run a only, 2-3 in both (averaged: example 2 lost in b only counts -50), 4-5 in b only
+    assert two["examples"] == 6 and two["diff_vs_ref"] == pytest.approx(-150 / 6)
     # FP8 384 bytes a token and layer (3 heads x 64 dims x K and V), TQ3 with 3-bit keys 162
     assert two["bytes_per_token"] == pytest.approx((1920 * 384 + 640 * 162 + 1000 * 162) / 3560)
     assert two["lengths"] == [1024] and two["worst_task"]["task"] == "niah_single_1"
     assert ref["bytes_per_token"] == 384 and ref["diff_vs_ref"] == 0
     assert (tmp_path / "f.png").stat().st_size > 0
     assert json.loads((tmp_path / "f.json").read_text())["points"][0]["label"] == "two runs"
-    assert "| two runs | 2 | 6 | 1024 | -16.67" in (tmp_path / "f.md").read_text()
+    assert "| two runs | 2 | 6 | 1024 | -25.00" in (tmp_path / "f.md").read_text()
+    assert two["minima"] and not ref["minima"]
+
+
+def test_a_run_that_is_not_there_stops_the_figure_by_name(tmp_path):
+    a = tmp_path / "a"
+    _run(a, "fp8@default", dict.fromkeys(range(2), 100.0), None)
+    _run(a, "minima@default", dict.fromkeys(range(2), 100.0), None)
+    with pytest.raises(SystemExit, match="minima@256 has no example answered beside fp8@256"):
+        frontier.main(["--out", str(tmp_path / "f.png"), "--point", f"typo={a}:minima@256"])
+    with pytest.raises(SystemExit, match="holds no niah.json"):
+        frontier.main(["--out", str(tmp_path / "f.png"), "--point", f"nowhere={tmp_path / 'b'}:minima@default"])
+    with pytest.raises(SystemExit, match="'minima-typo' is not a niah.py arm"):
+        frontier.main(["--out", str(tmp_path / "f.png"), "--point", f"arm={a}:minima-typo@default"])
+    assert not (tmp_path / "f.png").exists()
 
 
 def test_a_point_without_runs_is_refused_by_name():

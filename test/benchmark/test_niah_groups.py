@@ -232,7 +232,8 @@ def test_every_minima_arm_is_a_valid_minima_config():
     assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
     # the frontier's arms: the defaults with one window changed, nothing else
     defaults = parse_minima_argv([])
-    for name, change in [("minima-default-recent8", {"recent_pages": 8}), ("minima-default-recent32", {"recent_pages": 32}),
+    for name, change in [("minima-default-recent8", {"recent_pages": 8}), ("minima-default-recent16", {"recent_pages": 16}),
+                         ("minima-default-recent32", {"recent_pages": 32}),
                          ("minima-default-sink4", {"sink_pages": 4})]:
         config = parse_minima_argv(split_minima_argv(list(niah.ARMS[name].flags))[0])
         assert config == dataclasses.replace(defaults, **change) != defaults
