@@ -23,11 +23,12 @@
 #     NIAH_ARGS (env): niah.py's flags for all of them (default: 64 examples, 1K-8K, default chunk)
 #     NIAH_KEY_BITS (env): the key widths SmolLM2's kernels are built for first (default 3,4; set 4 where
 #     no arm pins --minima-key-bits 3)
-#     NIAH_SHARDS (env): each arm's eight tasks over N processes and servers (default 1): its pace is the
-#     host's step (8K at 256-token chunks, 3 an arm: Minima's 512 examples in 266 s, FP8's in 114 s, 2026-12-07)
+#     NIAH_SHARDS (env): each arm's eight tasks over N processes and servers (default 1), or N and counts per
+#     arm ("1,minima-default-aggressive-eqbytes=5"; benchmark/quality/niah_shards.py): its pace is the host's
+#     step (8K at 256-token chunks, 3 an arm: Minima's 512 examples in 266 s, FP8's in 114 s, 2026-12-07)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
-#     NIAH_PORT (env): the first arm's port (default 31800; +20 per process: arms x NIAH_SHARDS): two niah runs at once, each
+#     NIAH_PORT (env): the first arm's port (default 31800; +20 per process): two niah runs at once, each
 #     with its own OUT, WORK and NIAH_PORT
 #   bash scripts/device/run_suite.sh ppl [BUDGET_S]         # benchmark/quality/perplexity.py: NLL and greedy agreement
 #     PPL_ARMS (env): the arms, side by side (default bf16,fp8,minima-nostale,minima-k4; reference fp8)
@@ -54,18 +55,15 @@ warm_serving() {  # args: seconds, then warm_kernels.py --serving's flags: a mod
 }
 warm_smollm2() { warm_serving 240 --geometries 9/3/64/64 "$@"; }  # args: more flags
 arms_side_by_side() {  # args: script, log prefix, first port, then its flags for every arm: one process and
-  # server per arm of $arms (and per entry of $shards: flags that split an arm's work, "" for one), side by side
-  # on the GPU, each under $left seconds; then $ref, the report's reference
-  local script=$1 prefix=$2 port=$3 i=0 j arm shard; shift 3
-  local -a parts=("${shards[@]:-}")
-  for arm in ${arms//,/ }; do
-    j=0
-    for shard in "${parts[@]}"; do
-      timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" $shard \
-        > "$WORK/${prefix}_$arm${shard:+_$j}.log" 2>&1 &
-      i=$((i + 1)); j=$((j + 1))
-    done
-  done
+  # server per line of $processes ("arm flags": flags that split an arm's work; default one line per arm of
+  # $arms), side by side on the GPU, each under $left seconds; then $ref, the report's reference
+  local script=$1 prefix=$2 port=$3 i=0 arm flags; shift 3
+  local -A n=()  # processes started per arm: the log's suffix where an arm has several
+  while read -r arm flags; do
+    timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" $flags \
+      > "$WORK/${prefix}_$arm${flags:+_${n[$arm]:-0}}.log" 2>&1 &
+    i=$((i + 1)); n[$arm]=$((${n[$arm]:-0} + 1))
+  done <<< "${processes:-${arms//,/$'\n'}}"
   wait
   ref=fp8; [[ ",$arms," == *",fp8,"* ]] || ref=${arms%%,*}
 }
@@ -199,21 +197,12 @@ niah)
   # page-centered builds too where an arm serves them (minima-k4-center)
   warm_smollm2 --key-bits "${NIAH_KEY_BITS:-3,4}" $([[ "$arms" == *center* ]] && echo --key-center)
   left=$((budget - (SECONDS - t0)))
-  # NIAH_SHARDS (header): a shard is a --tasks share of the eight, round robin; niah.py appends a group at
-  # a time, so an arm's shards share its answers file
-  shards=()
-  [[ "${NIAH_SHARDS:-1}" =~ ^[1-9][0-9]*$ ]] || { echo "run_suite niah: NIAH_SHARDS=$NIAH_SHARDS: a count of processes an arm" >&2; exit 2; }
-  if [ "${NIAH_SHARDS:-1}" -gt 1 ]; then
-    # (argparse takes a prefix of --tasks too)
-    [[ " $nargs " == *" --ta"* ]] && { echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
-    read -ra tasks <<< "$(cd benchmark/quality && python3 -c 'from ruler_data import TASKS; print(*TASKS)')"
-    [ "${#tasks[@]}" -gt 0 ] || { echo "run_suite niah: NIAH_SHARDS: ruler_data.TASKS did not import" >&2; exit 2; }
-    ((NIAH_SHARDS > ${#tasks[@]})) && NIAH_SHARDS=${#tasks[@]}  # a shard a task at most
-    for ((s = 0; s < NIAH_SHARDS; s++)); do
-      picked=""; for ((k = s; k < ${#tasks[@]}; k += NIAH_SHARDS)); do picked+="${picked:+,}${tasks[k]}"; done
-      shards+=("--tasks $picked")
-    done
-  fi
+  # NIAH_SHARDS (header): a process takes a --tasks share of its arm's eight, round robin (niah_shards.py);
+  # niah.py appends a group at a time, so an arm's processes share its answers file
+  processes=$(cd benchmark/quality && python3 niah_shards.py "${NIAH_SHARDS:-1}" "$arms") || exit 2
+  # (argparse takes a prefix of --tasks too)
+  [[ "$processes" == *--tasks* && " $nargs " == *" --ta"* ]] && {
+    echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
   # each stops starting groups 60 s before the budget (its server's stop)
   # ($nargs: niah.py's flags, split into words)
   arms_side_by_side benchmark/quality/niah.py niah "${NIAH_PORT:-31800}" --out "$WORK/niah" --time-budget-s $((left - 60)) $nargs
