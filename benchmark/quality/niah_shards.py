@@ -6,9 +6,10 @@ One count serves every arm, or a default and counts per arm, so that an arm answ
 took 266 s for 8K's 512 examples at 256-token chunks, FP8's three 114 s):
 
   NIAH_SHARDS=2                                        every arm over two processes
-  NIAH_SHARDS=1,minima-default-aggressive-eqbytes=5    one process an arm, five for that one
+  NIAH_SHARDS=1,minima-default-aggressive-eqbytes=4    one process an arm, four for that one
 
-A process takes a round-robin share of the eight tasks (``--tasks``); niah.py appends a group of
+A process takes a round-robin share of the eight tasks (``--tasks``: five processes take 2, 2, 2, 1, 1,
+no faster than four); niah.py appends a group of
 answers at a time, so an arm's processes share its answers file. ``python3 niah_shards.py SPEC ARMS``
 prints one line a process: the arm, then its flags (none for an arm in one process).
 """

@@ -24,7 +24,7 @@
 #     NIAH_KEY_BITS (env): the key widths SmolLM2's kernels are built for first (default 3,4; set 4 where
 #     no arm pins --minima-key-bits 3)
 #     NIAH_SHARDS (env): each arm's eight tasks over N processes and servers (default 1), or N and counts per
-#     arm ("1,minima-default-aggressive-eqbytes=5"; benchmark/quality/niah_shards.py): its pace is the host's
+#     arm ("1,minima-default-aggressive-eqbytes=4"; benchmark/quality/niah_shards.py): its pace is the host's
 #     step (8K at 256-token chunks, 3 an arm: Minima's 512 examples in 266 s, FP8's in 114 s, 2026-12-07)
 #     NIAH_DIR (env): answers already there (default docs/results/quality_h200) are kept: a run resumes
 #     the data: carry [".devbundle/ruler"] (harness.sh ruler-data, made here)
@@ -60,6 +60,7 @@ arms_side_by_side() {  # args: script, log prefix, first port, then its flags fo
   local script=$1 prefix=$2 port=$3 i=0 arm flags; shift 3
   local -A n=()  # processes started per arm: the log's suffix where an arm has several
   while read -r arm flags; do
+    [ -n "$arm" ] || continue  # a stray comma in the arms
     timeout -s INT "$left" python3 "$script" --arms "$arm" --reference "$arm" --port $((port + 20 * i)) "$@" $flags \
       > "$WORK/${prefix}_$arm${flags:+_${n[$arm]:-0}}.log" 2>&1 &
     i=$((i + 1)); n[$arm]=$((${n[$arm]:-0} + 1))
@@ -189,6 +190,13 @@ niah)
   arms=${NIAH_ARMS:-bf16,fp8,minima-nostale,minima,minima-aggressive,minima-k4}
   nargs=${NIAH_ARGS:---n 64 --lengths 1024,2048,4096,8192 --concurrency 32 --chunked-prefill-sizes default}
   dir=${NIAH_DIR:-docs/results/quality_h200}
+  # NIAH_SHARDS (header): a process takes a --tasks share of its arm's eight, round robin (niah_shards.py);
+  # niah.py appends a group at a time, so an arm's processes share its answers file. Planned before the
+  # warm-up, so that a mistyped spec costs no device time
+  processes=$(cd benchmark/quality && python3 niah_shards.py "${NIAH_SHARDS:-1}" "$arms") || exit 2
+  # (argparse takes a prefix of --tasks too)
+  [[ "$processes" == *--tasks* && " $nargs " == *" --ta"* ]] && {
+    echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
   ruler_examples
   mkdir -p "$WORK/niah/answers"; cp "$dir"/answers/*.jsonl* "$WORK/niah/answers/" 2>/dev/null
   # SmolLM2's decode kernels once, before the servers start side by side (each would build them)
@@ -197,12 +205,6 @@ niah)
   # page-centered builds too where an arm serves them (minima-k4-center)
   warm_smollm2 --key-bits "${NIAH_KEY_BITS:-3,4}" $([[ "$arms" == *center* ]] && echo --key-center)
   left=$((budget - (SECONDS - t0)))
-  # NIAH_SHARDS (header): a process takes a --tasks share of its arm's eight, round robin (niah_shards.py);
-  # niah.py appends a group at a time, so an arm's processes share its answers file
-  processes=$(cd benchmark/quality && python3 niah_shards.py "${NIAH_SHARDS:-1}" "$arms") || exit 2
-  # (argparse takes a prefix of --tasks too)
-  [[ "$processes" == *--tasks* && " $nargs " == *" --ta"* ]] && {
-    echo "run_suite niah: NIAH_SHARDS splits the eight tasks: leave --tasks out of NIAH_ARGS" >&2; exit 2; }
   # each stops starting groups 60 s before the budget (its server's stop)
   # ($nargs: niah.py's flags, split into words)
   arms_side_by_side benchmark/quality/niah.py niah "${NIAH_PORT:-31800}" --out "$WORK/niah" --time-budget-s $((left - 60)) $nargs

@@ -54,7 +54,7 @@ arms=fp8,minima-default-aggressive-eqbytes
 processes=$(cd {ROOT}/benchmark/quality && {sys.executable} niah_shards.py 1,minima-default-aggressive-eqbytes=2 "$arms")
 arms_side_by_side {tmp_path}/stub.py niah 31800 --out o
 echo "ref=$ref"
-unset processes; arms=bf16,minima-nostale
+unset processes; arms=bf16,,minima-nostale,  # stray commas: no empty arm
 arms_side_by_side {tmp_path}/stub.py ppl 32400 --out p
 """
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # python3: this one
