@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +50,9 @@ def run_bytes(directory: Path, run: niah.Run) -> tuple[float | None, int]:
     counters (once per group) and its niah.json's model facts; a run that does not convert reads FP8
     or the model dtype whatever it attended (0 tokens: it weighs nothing in a mix)."""
     meta = json.loads((directory / "niah.json").read_text())["meta"]["args"]
-    groups = niah.group_routes(niah.load_answers(directory, run))
-    hot = sum(g["route_hot_tokens"] for g in groups.values())
-    tq3 = sum(g["route_tq3_tokens"] for g in groups.values())
-    bpt = niah.bytes_per_token(niah.ARMS[run.arm], hot, tq3, tuple(meta["geometry"]), meta["page_size"],
-                               meta["dtype"], shlex.split(meta.get("server_args") or ""))
-    return bpt, hot + tq3
+    groups = list(niah.group_routes(niah.load_answers(directory, run)).values())
+    return niah.attended_bytes(run.arm, groups, tuple(meta["geometry"]), meta["page_size"], meta["dtype"],
+                               meta.get("server_args") or "")
 
 
 def measure(point: Point, reference: str, resamples: int) -> dict:

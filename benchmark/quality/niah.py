@@ -452,6 +452,15 @@ def bytes_per_token(spec: ArmSpec, hot_tokens: int, tq3_tokens: int, geometry: t
     return (hot_tokens * fp8 + tq3_tokens * tq3) / (hot_tokens + tq3_tokens)
 
 
+def attended_bytes(arm: str, groups: Sequence[dict], geometry: tuple[int, int], page_size: int, dtype: str,
+                   server_args: str = "") -> tuple[float | None, int]:
+    """(KV bytes per attended token and layer, tokens attended) of an arm's route counters, one record a
+    group (``group_routes``): the report's per-run figure, and frontier.py's weight when it pools runs."""
+    hot = sum(g["route_hot_tokens"] for g in groups)
+    tq3 = sum(g["route_tq3_tokens"] for g in groups)
+    return bytes_per_token(ARMS[arm], hot, tq3, geometry, page_size, dtype, shlex.split(server_args)), hot + tq3
+
+
 def answers_path(out: Path, run: Run) -> Path:
     return out / "answers" / f"{run.label}.jsonl"
 
@@ -508,18 +517,16 @@ def report(runs: list[Run], examples: list[Example], args: argparse.Namespace) -
         for arm, per_cell in macro_diffs.items():
             arm_cells = [c for c in result["cells"] if c["chunk"] == chunk and c["arm"] == arm]
             got = answers[Run(arm, chunk).label]
-            run_groups = group_routes({k: got[k] for k in selected if k in got})
-            hot_tok = sum(r["route_hot_tokens"] for r in run_groups.values())
-            tq3_tok = sum(r["route_tq3_tokens"] for r in run_groups.values())
+            run_groups = list(group_routes({k: got[k] for k in selected if k in got}).values())
             result["macro"][f"{arm}@{chunk}"] = {
                 "score": sum(c["score"] for c in arm_cells) / len(arm_cells),
                 "diff_vs_ref": macro_diff(per_cell),
                 "diff_ci95": macro_ci(per_cell, args.bootstrap, args.seed),
                 "cells": len(arm_cells),
                 "cells_without_tq3": sum(c["converts"] and not c["tq3_read"] for c in arm_cells),
-                "bytes_per_token": bytes_per_token(ARMS[arm], hot_tok, tq3_tok, args.geometry, args.page_size,
-                                                   args.dtype, shlex.split(getattr(args, "server_args", ""))),
-                **pressure_pages(run_groups.values()),
+                "bytes_per_token": attended_bytes(arm, run_groups, args.geometry, args.page_size, args.dtype,
+                                                  getattr(args, "server_args", ""))[0],
+                **pressure_pages(run_groups),
             }
         # #17's target holds at every length: the macro over one length's tasks, same pairing and CI
         for (arm, length), per_task in by_length.items():
