@@ -11,7 +11,8 @@ took 266 s for 8K's 512 examples at 256-token chunks, FP8's three 114 s):
 A process takes a round-robin share of the eight tasks (``--tasks``: five processes take 2, 2, 2, 1, 1,
 no faster than four); niah.py appends a group of
 answers at a time, so an arm's processes share its answers file. ``python3 niah_shards.py SPEC ARMS``
-prints one line a process: the arm, then its flags (none for an arm in one process).
+prints one line a process: the arm, then its flags (none for an arm in one process). niah_pace.py reads
+an arm's pace from committed answers and the seconds it needs over N processes.
 """
 
 from __future__ import annotations
