@@ -4,7 +4,8 @@ second for one process and its server, per length, and the seconds an arm of a p
 
 A process sends a group of ``--concurrency`` examples at once and starts the next group when the
 slowest answer is back, so a group's wall time is its slowest answer's ``seconds``, and a process's
-pace is its examples over the sum of its groups' walls. A process takes ceil(8 / processes) of the
+pace is its examples over the sum of its groups' walls (for that many in flight: the largest group is
+printed). A process takes ceil(8 / processes) of the
 eight tasks (niah_shards.py), so a length costs that many tasks times ``--n`` examples at the pace.
 The paces were measured beside other arms' servers on the same GPU and CPUs; a plan with more servers
 side by side than the measured call had may run slower.
@@ -17,6 +18,7 @@ side by side than the measured call had may run slower.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections import defaultdict
@@ -28,23 +30,25 @@ import pooled_delta  # noqa: E402
 from ruler_data import TASKS  # noqa: E402
 
 
-def paces(directory: Path, run: niah.Run) -> dict[int, tuple[int, float]]:
-    """Length -> (examples, process-seconds): each group's examples and its slowest answer's seconds."""
-    answers = niah.load_answers(directory, run)
+def paces(directory: Path, run: niah.Run) -> dict[int, tuple[int, float, int]]:
+    """Length -> (examples, process-seconds, the largest group): each group's examples and its slowest
+    answer's seconds. Every record counts (not one a key, as the report's load_answers keeps)."""
+    answers = [json.loads(line) for line in niah.answer_lines(niah.answers_path(directory, run))]
     if not answers:
         raise SystemExit(f"--run {directory}:{run.label}: no answers at {niah.answers_path(directory, run)}[.gz]")
     groups: dict[str, list[dict]] = defaultdict(list)
-    for r in answers.values():
+    for r in answers:
         if "group" not in r:  # answers from before 2026-12-03 name no group: their walls are unknown
             raise SystemExit(f"--run {directory}:{run.label}: its answers name no group (written before niah.py "
                              "recorded one), so the groups' wall times cannot be told apart")
         groups[r["group"]].append(r)
-    out: dict[int, list] = defaultdict(lambda: [0, 0.0])
+    out: dict[int, list] = defaultdict(lambda: [0, 0.0, 0])
     for rows in groups.values():
         cell = out[rows[0]["length"]]
         cell[0] += len(rows)
         cell[1] += max(r["seconds"] for r in rows)
-    return {length: (n, s) for length, (n, s) in sorted(out.items())}
+        cell[2] = max(cell[2], len(rows))  # the pace holds for this many in flight (niah.py's --concurrency)
+    return {length: (n, s, g) for length, (n, s, g) in sorted(out.items())}
 
 
 def phase_seconds(examples_per_second: float, n: int, processes: int) -> float:
@@ -53,14 +57,16 @@ def phase_seconds(examples_per_second: float, n: int, processes: int) -> float:
 
 
 def markdown(rows: list[dict], n: int, processes: int) -> str:
-    head = f"| run | length | examples | examples/s a process | seconds for {n} a task over {processes} process(es) |"
-    lines = [head, "|---|---|---|---|---|"]
+    head = (f"| run | length | examples | in flight | examples/s a process | seconds for {n} a task over {processes} "
+            "process(es) |")
+    lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['run']} | {r['length']} | {r['examples']} | {r['pace']:.2f} | {r['seconds']:.0f} |")
+        lines.append(f"| {r['run']} | {r['length']} | {r['examples']} | {r['in_flight']} | {r['pace']:.2f} | "
+                     f"{r['seconds']:.0f} |")
     totals: dict[str, float] = defaultdict(float)
     for r in rows:
         totals[r["run"]] += r["seconds"]
-    lines += [f"| {run} | all | | | **{s:.0f}** |" for run, s in totals.items()
+    lines += [f"| {run} | all | | | | **{s:.0f}** |" for run, s in totals.items()
               if sum(r["run"] == run for r in rows) > 1]  # a run of one length: its row is the total
     return "\n".join(lines)
 
@@ -79,12 +85,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ap.error("--processes and --n: 1 or more")
     rows = []
     for directory, run in args.run:
-        for length, (n, seconds) in paces(directory, run).items():
+        for length, (n, seconds, in_flight) in paces(directory, run).items():
             if args.lengths and length not in args.lengths:
                 continue
             pace = n / seconds
-            rows.append({"run": f"{directory.name}:{run.label}", "length": length, "examples": n, "pace": pace,
-                         "seconds": phase_seconds(pace, args.n, args.processes)})
+            rows.append({"run": f"{directory.name}:{run.label}", "length": length, "examples": n,
+                         "in_flight": in_flight, "pace": pace, "seconds": phase_seconds(pace, args.n, args.processes)})
     print(markdown(rows, args.n, args.processes))
     return rows
 
