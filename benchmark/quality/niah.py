@@ -795,7 +795,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, device {args.device}",
-        "command": "python benchmark/quality/niah.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        # quoted as a shell would need it: niah_import.py re-runs this command to check a committed report
+        "command": "python benchmark/quality/niah.py " + shlex.join(sys.argv[1:] if argv is None else argv),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "arms": {a: asdict(ARMS[a]) for a in args.arms},
     }
