@@ -5,8 +5,8 @@ second for one process and its server, per length, and the seconds an arm of a p
 A process sends a group of ``--concurrency`` examples at once and starts the next group when the
 slowest answer is back, so a group's wall time is its slowest answer's ``seconds``, and a process's
 pace is its examples over the sum of its groups' walls (for that many in flight: the largest group is
-printed). A process takes ceil(8 / processes) of the
-eight tasks (niah_shards.py), so a length costs that many tasks times ``--n`` examples at the pace.
+printed). A process takes ceil(8 / processes) of the eight tasks (niah_shards.py), so a length costs
+that many tasks times ``--n`` examples at the pace.
 The paces were measured beside other arms' servers on the same GPU and CPUs; a plan with more servers
 side by side than the measured call had may run slower.
 
