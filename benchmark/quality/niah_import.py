@@ -111,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     for d in (args.dest, part):
         if d.exists() and any(d.iterdir()):
             raise SystemExit(f"{d}: exists and is not empty; give a new folder (or remove it)")
-    written = unpack(args.src, part)
-    for path in written:
-        print(f"{args.dest / 'answers' / path.name}: {len(gzip.decompress(path.read_bytes()).splitlines())} answers")
+    for path in unpack(args.src, part):
+        print(f"{path.name}: {len(gzip.decompress(path.read_bytes()).splitlines())} answers")
     try:
         differs = rebuild_differs(part, niah.main)
     except (Exception, SystemExit) as e:  # e.g. no RULER examples here: the run is kept, unchecked
