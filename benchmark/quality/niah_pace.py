@@ -5,8 +5,8 @@ second for one process and its server, per length, and the seconds an arm of a p
 A process sends a group of ``--concurrency`` examples at once and starts the next group when the
 slowest answer is back, so a group's wall time is its slowest answer's ``seconds``, and a process's
 pace is its examples over the sum of its groups' walls (for that many in flight: the largest group is
-printed). A process takes ceil(8 / processes) of the eight tasks (niah_shards.py), so a length costs
-that many tasks times ``--n`` examples at the pace.
+printed). The process with the most of the eight tasks (niah_shards.py's split, ceil(8 / processes))
+sets a length's seconds: that many tasks times ``--n`` examples at the pace.
 The paces were measured beside other arms' servers on the same GPU and CPUs; a plan with more servers
 side by side than the measured call had may run slower.
 
@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import niah  # noqa: E402
+import niah_shards  # noqa: E402
 import pooled_delta  # noqa: E402
-from ruler_data import TASKS  # noqa: E402
 
 
 def paces(directory: Path, run: niah.Run) -> dict[int, tuple[int, float, int]]:
@@ -52,8 +51,9 @@ def paces(directory: Path, run: niah.Run) -> dict[int, tuple[int, float, int]]:
 
 
 def phase_seconds(examples_per_second: float, n: int, processes: int) -> float:
-    """Seconds for one length's ``n`` examples a task over ``processes`` processes at this pace."""
-    return math.ceil(len(TASKS) / processes) * n / examples_per_second
+    """Seconds for one length's ``n`` examples a task over ``processes`` processes at this pace: the
+    process with the most tasks (niah_shards.py's split) sets them."""
+    return max(map(len, niah_shards.shares(processes))) * n / examples_per_second
 
 
 def markdown(rows: list[dict], n: int, processes: int) -> str:

@@ -42,13 +42,18 @@ def counts(spec: str, arms: list[str]) -> dict[str, int]:
     return out
 
 
+def shares(n: int, tasks: tuple[str, ...] = tuple(TASKS)) -> list[tuple[str, ...]]:
+    """The tasks of each of an arm's ``n`` processes: tasks[s::n] in process s (n at most one a task)."""
+    n = min(n, len(tasks))
+    return [tasks[s::n] for s in range(n)]
+
+
 def plan(spec: str, arms: list[str], tasks: tuple[str, ...] = tuple(TASKS)) -> list[tuple[str, str]]:
-    """(arm, niah.py flags) per process: an arm over N processes takes tasks[s::N] in process s (N at
-    most one a task); an arm in one process gets no flag (every task)."""
+    """(arm, niah.py flags) per process, its ``shares``; an arm in one process gets no flag (every task)."""
     processes = []
     for arm, n in counts(spec, arms).items():
-        n = min(n, len(tasks))
-        processes += [(arm, "")] if n == 1 else [(arm, "--tasks " + ",".join(tasks[s::n])) for s in range(n)]
+        split = shares(n, tasks)
+        processes += [(arm, "")] if len(split) == 1 else [(arm, "--tasks " + ",".join(share)) for share in split]
     return processes
 
 
