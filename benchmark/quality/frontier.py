@@ -97,6 +97,23 @@ def markdown(points: list[dict], reference: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spread_labels(anchors: list[tuple[float, float]], widths: list[float], gap: float) -> list[float]:
+    """Heights for labels drawn right of their points (all in points, the figure's unit): each label
+    as low as its own point unless a label below it that it overlaps sideways is within ``gap``;
+    then just above that one. (adjustText does this in general, but pulls in scipy for it.)"""
+    heights = [0.0] * len(anchors)
+    placed: list[int] = []
+    for i in sorted(range(len(anchors)), key=lambda i: anchors[i][1]):
+        x, y = anchors[i]
+        for j in sorted(placed, key=lambda j: heights[j]):
+            side = anchors[j][0] - x
+            if -widths[j] < side < widths[i] and heights[j] - gap < y < heights[j] + gap:
+                y = heights[j] + gap
+        heights[i] = y
+        placed.append(i)
+    return heights
+
+
 def plot(points: list[dict], path: Path, reference: str, reference_bytes: float | None, title: str,
          target: float | None) -> None:
     import textwrap
@@ -105,15 +122,14 @@ def plot(points: list[dict], path: Path, reference: str, reference_bytes: float 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.transforms import Affine2D
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for p in points:
-        if p["bytes_per_token"] is None:
-            continue
+    shown = [p for p in points if p["bytes_per_token"] is not None]
+    for p in shown:
         d, (lo, hi) = p["diff_vs_ref"], p["diff_ci95"]
         ax.errorbar(p["bytes_per_token"], d, yerr=[[d - lo], [hi - d]], fmt="o", capsize=3,
                     color="tab:blue" if p["minima"] else "tab:gray")
-        ax.annotate(p["label"], (p["bytes_per_token"], d), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.axhline(0, color="black", lw=0.6)
     if reference_bytes is not None:  # the reference itself: Δ 0 at its own bytes
         ax.plot(reference_bytes, 0, "x", color="black")
@@ -127,6 +143,16 @@ def plot(points: list[dict], path: Path, reference: str, reference_bytes: float 
     ax.set_title(textwrap.fill(title, 90), fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    # Policies a few bytes apart would print their names over each other: stack the names upward,
+    # each with a line to its point where it moved. Positions in points, once the axes are final.
+    to_points = ax.transData + Affine2D().scale(72 / fig.dpi)
+    anchors = [tuple(to_points.transform((p["bytes_per_token"], p["diff_vs_ref"])) + (6, 4)) for p in shown]
+    heights = spread_labels(anchors, [4.4 * len(p["label"]) + 6 for p in shown], gap=11)
+    for p, (_, y0), y in zip(shown, anchors, heights):
+        ax.annotate(p["label"], (p["bytes_per_token"], p["diff_vs_ref"]), textcoords="offset points",
+                    xytext=(6, 4 + y - y0), fontsize=8,
+                    arrowprops=None if y == y0 else dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3))
+    fig.tight_layout()  # again, for the names at the right edge: the axes narrow by a few percent
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

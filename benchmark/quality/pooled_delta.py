@@ -10,7 +10,9 @@ different examples (other lengths, other calls): their paired differences are pu
 example answered by two runs counted once (the first run's), instead of averaged over replicates.
 With ``--mixed`` the runs are both: each example's difference is averaged over every run that
 answered it (replicates where runs share examples, the others added), e.g. a grid of lengths with
-more calls at some lengths than at others.
+more calls at some lengths than at others. With ``--against`` (runs of another policy, from other
+calls) it prints the first policy's difference from the second, example by example: each side's
+differences against its own calls' reference averaged as ``--mixed`` does, then subtracted.
 
   python benchmark/quality/pooled_delta.py --reference fp8 --length 1024 \\
       --run docs/results/quality_h200:minima-nostale@256 --run docs/results/quality_h200_256b:minima-nostale@256 \\
@@ -19,6 +21,9 @@ more calls at some lengths than at others.
       --run docs/results/quality_h200_1k_1304:minima-k4-defer@256 --run docs/results/quality_h200_2k8k_1640:minima-k4-defer@256
   python benchmark/quality/pooled_delta.py --reference fp8 --mixed \\
       --run docs/results/quality_h100_sink_1105:minima-k4-defer-sink2@default --run docs/results/quality_h100_2k_0739:minima-default@default ...
+  python benchmark/quality/pooled_delta.py --reference fp8 \\
+      --run docs/results/quality_h100_frontier_2254:minima-default-recent8-eqbytes@default \\
+      --against docs/results/quality_h100_eqbytes_2k_1355:minima-default-eqbytes@default --against ...
 """
 
 from __future__ import annotations
@@ -95,9 +100,25 @@ def averaged(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int
     return _combined(runs, lambda diffs: float(np.mean(diffs)), resamples, seed)
 
 
-def _combined(runs: list[dict[str, tuple[str, float]]], reduce, resamples: int, seed: int) -> dict:
-    """The runs' examples together, each example's differences (in run order) reduced to one by
-    ``reduce``: ``together``'s first run's, ``averaged``'s mean."""
+def versus(runs: list[dict[str, tuple[str, float]]], others: list[dict[str, tuple[str, float]]], resamples: int,
+           seed: int = 0) -> dict:
+    """One policy against another that ran in other calls, on the examples both answered: each
+    example's difference against its own call's reference, averaged over each side's runs
+    (``averaged``), then the two sides' difference. The reference cancels only on average (greedy
+    answers move between calls), so one policy against itself in two calls is the floor to read
+    this against."""
+    mine, theirs = (_per_example(side, lambda d: float(np.mean(d))) for side in (runs, others))
+    keys = [k for k in mine if k in theirs]
+    if not keys:
+        raise SystemExit("no example was answered by both policies")
+    tasks = sorted({mine[k][0] for k in keys})
+    per_task = [[mine[k][1] - theirs[k][1] for k in keys if mine[k][0] == t] for t in tasks]
+    return {"examples": len(keys), "tasks": len(tasks), "pooled": niah.macro_diff(per_task),
+            "ci95": niah.macro_ci(per_task, resamples, seed), "per_task": by_task(tasks, per_task, resamples, seed)}
+
+
+def _gathered(runs: list[dict[str, tuple[str, float]]]) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Example key -> its differences in run order, and -> its task."""
     diffs: dict[str, list[float]] = {}
     task: dict[str, str] = {}
     for r in runs:
@@ -106,6 +127,19 @@ def _combined(runs: list[dict[str, tuple[str, float]]], reduce, resamples: int, 
             task.setdefault(k, t)
     if not diffs:
         raise SystemExit("no example was answered by both an arm and its reference")
+    return diffs, task
+
+
+def _per_example(runs: list[dict[str, tuple[str, float]]], reduce) -> dict[str, tuple[str, float]]:
+    """Example key -> (task, its differences reduced to one by ``reduce``)."""
+    diffs, task = _gathered(runs)
+    return {k: (task[k], reduce(d)) for k, d in diffs.items()}
+
+
+def _combined(runs: list[dict[str, tuple[str, float]]], reduce, resamples: int, seed: int) -> dict:
+    """The runs' examples together, each example's differences (in run order) reduced to one by
+    ``reduce``: ``together``'s first run's, ``averaged``'s mean."""
+    diffs, task = _gathered(runs)
     tasks = sorted(set(task.values()))
     per_task = [[reduce(diffs[k]) for k in diffs if task[k] == t] for t in tasks]
     return {"examples": len(diffs), "tasks": len(tasks), "replicated": sum(len(d) > 1 for d in diffs.values()),
@@ -125,12 +159,22 @@ def main() -> None:
                          "(stale_probe.py --keys @FILE runs them in the emulation)")
     ap.add_argument("--per-task", action="store_true", help="also each task's pooled difference and interval")
     mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--against", type=parse_run, action="append", metavar="DIR:ARM@CHUNK",
+                      help="another policy's runs (other calls): the first policy's difference from it, per example")
     mode.add_argument("--disjoint", action="store_true",
                       help="the runs hold different examples: put their differences together (not replicates)")
     mode.add_argument("--mixed", action="store_true",
                       help="the runs share some examples: each example's difference averaged over the runs that answered it")
     args = ap.parse_args()
     runs = [paired(d, run, args.reference, args.length) for d, run in args.run]
+    if args.against:
+        r = versus(runs, [paired(d, run, args.reference, args.length) for d, run in args.against], args.bootstrap)
+        print(f"{r['examples']} examples both policies answered ({r['tasks']} tasks); macro Δ of the runs against "
+              f"the --against runs (each side against {args.reference} in its own calls):")
+        print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
+        for task, (mean, (lo, hi)) in r["per_task"].items() if args.per_task else ():
+            print(f"    {task}: {mean:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+        return
     r = (together if args.disjoint else averaged if args.mixed else pooled)(runs, args.bootstrap)
     where = ("in the runs together" if args.disjoint else
              f"in the runs together, {r['replicated']} of them in more than one" if args.mixed else f"in all {len(runs)} runs")

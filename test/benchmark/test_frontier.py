@@ -68,3 +68,14 @@ def test_a_point_without_runs_is_refused_by_name():
     with pytest.raises(argparse.ArgumentTypeError, match="LABEL=DIR:ARM@CHUNK"):
         frontier.parse_point("defaults")
     assert frontier.parse_point("x=d:minima@256").runs[0][1] == niah.Run("minima", "256")
+
+
+def test_names_of_nearby_points_stack_apart_and_a_lone_name_stays_at_its_point():
+    # a and b at one spot, c just above them and sideways over them, d far to the right at a's height
+    anchors = [(100.0, 50.0), (100.0, 50.0), (130.0, 55.0), (400.0, 50.0)]
+    widths = [60.0, 60.0, 60.0, 60.0]
+    heights = frontier.spread_labels(anchors, widths, gap=11)
+    assert sorted(heights[:3]) == [50.0, 61.0, 72.0]  # stacked upward, each one gap above the last
+    assert heights[3] == 50.0  # nothing beside it: not moved
+    # side by side without overlapping (c starts past a's end): neither moves
+    assert frontier.spread_labels([(100.0, 50.0), (161.0, 52.0)], [60.0, 60.0], gap=11) == [50.0, 52.0]

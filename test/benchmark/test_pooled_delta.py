@@ -110,3 +110,29 @@ def test_replicates_count_the_examples_that_repeat_their_change(tmp_path):
     # example 0 lost in all three; 1 lost in a and c, unchanged in b; 2 and 4 gained in all; 3 lost in c only
     assert (r["lost_in_every_run"], r["gained_in_every_run"], r["changed_in_some_runs"]) == (
         ["niah_single_3/2048/0"], 2, 2)
+
+
+def test_one_policy_against_another_subtracts_each_sides_own_call_difference(tmp_path, capsys, monkeypatch):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    keys = [("niah_single_1", 1024, 0), ("niah_single_1", 1024, 1), ("niah_multikey_1", 1024, 0)]
+    # call a: FP8 missed single_1/0, the wide window answered it (+100 there); calls b and c: the
+    # defaults lost single_1/1 in b only (-100, -> -50 averaged) and multikey_1/0 in both (-100);
+    # c never answered single_1/0, so that example's defaults figure is b's alone (0)
+    _answers(a, "fp8@default", {k: (0.0 if k == keys[0] else 100.0) for k in keys})
+    _answers(a, "wide@default", dict.fromkeys(keys, 100.0))
+    for d in (b, c):
+        _answers(d, "fp8@default", dict.fromkeys(keys, 100.0))
+    _answers(b, "defaults@default", {keys[0]: 100.0, keys[1]: 0.0, keys[2]: 0.0})
+    _answers(c, "defaults@default", {keys[1]: 100.0, keys[2]: 0.0})
+    side = lambda d, arm: pooled_delta.paired(d, pooled_delta.niah.Run(arm, "default"), "fp8", None)  # noqa: E731
+    r = pooled_delta.versus([side(a, "wide")], [side(b, "defaults"), side(c, "defaults")], resamples=500)
+    # single_1: (+100 - 0) and (0 - -50) -> +75; multikey_1: 0 - -100 -> +100; macro +87.5
+    assert (r["examples"], r["tasks"]) == (3, 2)
+    assert r["pooled"] == pytest.approx(87.5)
+    assert r["per_task"]["niah_single_1"][0] == pytest.approx(75.0)
+    with pytest.raises(SystemExit, match="both policies"):
+        pooled_delta.versus([side(a, "wide")], [{"other/1024/0": ("niah_single_1", 0.0)}], resamples=10)
+    monkeypatch.setattr(sys, "argv", ["pooled_delta.py", "--run", f"{a}:wide@default", "--against",
+                                      f"{b}:defaults@default", "--against", f"{c}:defaults@default"])
+    pooled_delta.main()
+    assert "pooled: +87.50" in capsys.readouterr().out
