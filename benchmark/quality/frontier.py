@@ -98,9 +98,10 @@ def markdown(points: list[dict], reference: str) -> str:
 
 
 def spread_labels(anchors: list[tuple[float, float]], widths: list[float], gap: float) -> list[float]:
-    """Heights for labels drawn right of their points (all in points, the figure's unit): each label
-    as low as its own point unless a label below it that it overlaps sideways is within ``gap``;
-    then just above that one. (adjustText does this in general, but pulls in scipy for it.)"""
+    """Heights for labels whose left edges and heights are ``anchors`` (all in points, the figure's
+    unit): labels are placed from the lowest anchor up, each at its own height unless a label already
+    placed that it overlaps sideways is within ``gap`` of it; then just above that one. (adjustText
+    does this in general, but pulls in scipy for it.)"""
     heights = [0.0] * len(anchors)
     placed: list[int] = []
     for i in sorted(range(len(anchors)), key=lambda i: anchors[i][1]):
@@ -144,15 +145,19 @@ def plot(points: list[dict], path: Path, reference: str, reference_bytes: float 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     # Policies a few bytes apart would print their names over each other: stack the names upward,
-    # each with a line to its point where it moved. Positions in points, once the axes are final.
+    # each with a line to its point where it moved, a name that would leave the axes on its point's
+    # left. Positions in points on the final layout, so the names stay out of it.
     to_points = ax.transData + Affine2D().scale(72 / fig.dpi)
-    anchors = [tuple(to_points.transform((p["bytes_per_token"], p["diff_vs_ref"])) + (6, 4)) for p in shown]
-    heights = spread_labels(anchors, [4.4 * len(p["label"]) + 6 for p in shown], gap=11)
-    for p, (_, y0), y in zip(shown, anchors, heights):
-        ax.annotate(p["label"], (p["bytes_per_token"], p["diff_vs_ref"]), textcoords="offset points",
-                    xytext=(6, 4 + y - y0), fontsize=8,
-                    arrowprops=None if y == y0 else dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3))
-    fig.tight_layout()  # again, for the names at the right edge: the axes narrow by a few percent
+    right = ax.get_window_extent().x1 * 72 / fig.dpi
+    points_at = [to_points.transform((p["bytes_per_token"], p["diff_vs_ref"])) for p in shown]
+    widths = [4.4 * len(p["label"]) + 6 for p in shown]
+    lefts = [x + 6 if x + 6 + w <= right else x - 6 - w for (x, _), w in zip(points_at, widths)]
+    heights = spread_labels([(left, y) for left, (_, y) in zip(lefts, points_at)], widths, gap=11)
+    for p, (x, y), left, h in zip(shown, points_at, lefts, heights):
+        line = None if h == y else dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3)
+        name = ax.annotate(p["label"], (p["bytes_per_token"], p["diff_vs_ref"]), textcoords="offset points",
+                           xytext=(left - x, h - y), fontsize=8, va="center", arrowprops=line)
+        name.set_in_layout(False)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -97,7 +97,7 @@ def averaged(runs: list[dict[str, tuple[str, float]]], resamples: int, seed: int
     """The macro of every example's difference averaged over the runs that answered it (runs that
     share some examples and not others), with its bootstrap 95% interval, each run's own macro and
     how many examples more than one run answered."""
-    return _combined(runs, lambda diffs: float(np.mean(diffs)), resamples, seed)
+    return _combined(runs, _mean, resamples, seed)
 
 
 def versus(runs: list[dict[str, tuple[str, float]]], others: list[dict[str, tuple[str, float]]], resamples: int,
@@ -107,14 +107,19 @@ def versus(runs: list[dict[str, tuple[str, float]]], others: list[dict[str, tupl
     (``averaged``), then the two sides' difference. The reference cancels only on average (greedy
     answers move between calls), so one policy against itself in two calls is the floor to read
     this against."""
-    mine, theirs = (_per_example(side, lambda d: float(np.mean(d))) for side in (runs, others))
+    mine, theirs = (_per_example(side, _mean) for side in (runs, others))
     keys = [k for k in mine if k in theirs]
     if not keys:
         raise SystemExit("no example was answered by both policies")
     tasks = sorted({mine[k][0] for k in keys})
     per_task = [[mine[k][1] - theirs[k][1] for k in keys if mine[k][0] == t] for t in tasks]
-    return {"examples": len(keys), "tasks": len(tasks), "pooled": niah.macro_diff(per_task),
-            "ci95": niah.macro_ci(per_task, resamples, seed), "per_task": by_task(tasks, per_task, resamples, seed)}
+    return {"examples": len(keys), "tasks": len(tasks), "sides": (len(mine), len(theirs)),
+            "pooled": niah.macro_diff(per_task), "ci95": niah.macro_ci(per_task, resamples, seed),
+            "per_task": by_task(tasks, per_task, resamples, seed)}
+
+
+def _mean(diffs: list[float]) -> float:
+    return float(np.mean(diffs))
 
 
 def _gathered(runs: list[dict[str, tuple[str, float]]]) -> tuple[dict[str, list[float]], dict[str, str]]:
@@ -168,12 +173,16 @@ def main() -> None:
     args = ap.parse_args()
     runs = [paired(d, run, args.reference, args.length) for d, run in args.run]
     if args.against:
+        if args.lost_keys:
+            raise SystemExit("--lost-keys: give two or more replicate runs, not --against")
         r = versus(runs, [paired(d, run, args.reference, args.length) for d, run in args.against], args.bootstrap)
-        print(f"{r['examples']} examples both policies answered ({r['tasks']} tasks); macro Δ of the runs against "
-              f"the --against runs (each side against {args.reference} in its own calls):")
+        print(f"{r['examples']} examples both policies answered (the runs {r['sides'][0]}, the --against runs "
+              f"{r['sides'][1]}; {r['tasks']} tasks); macro Δ of the runs against the --against runs, each side "
+              f"against {args.reference} in its own calls:")
         print(f"  pooled: {r['pooled']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]")
-        for task, (mean, (lo, hi)) in r["per_task"].items() if args.per_task else ():
-            print(f"    {task}: {mean:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+        if args.per_task:
+            for task, (mean, (lo, hi)) in r["per_task"].items():
+                print(f"    {task}: {mean:+.2f} [{lo:+.2f}, {hi:+.2f}]")
         return
     r = (together if args.disjoint else averaged if args.mixed else pooled)(runs, args.bootstrap)
     where = ("in the runs together" if args.disjoint else

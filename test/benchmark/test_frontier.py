@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmark" / "quality"))
@@ -75,7 +77,23 @@ def test_names_of_nearby_points_stack_apart_and_a_lone_name_stays_at_its_point()
     anchors = [(100.0, 50.0), (100.0, 50.0), (130.0, 55.0), (400.0, 50.0)]
     widths = [60.0, 60.0, 60.0, 60.0]
     heights = frontier.spread_labels(anchors, widths, gap=11)
-    assert sorted(heights[:3]) == [50.0, 61.0, 72.0]  # stacked upward, each one gap above the last
-    assert heights[3] == 50.0  # nothing beside it: not moved
-    # side by side without overlapping (c starts past a's end): neither moves
+    assert heights == [50.0, 61.0, 72.0, 50.0]  # stacked upward in anchor order; d, beside nothing, not moved
+    # side by side without overlapping (the second starts past the first's end): neither moves
     assert frontier.spread_labels([(100.0, 50.0), (161.0, 52.0)], [60.0, 60.0], gap=11) == [50.0, 52.0]
+    assert frontier.spread_labels([(161.0, 50.0), (100.0, 52.0)], [60.0, 60.0], gap=11) == [50.0, 52.0]
+    # the last name (x 150-250) overlaps the narrow one at 220-270 (placed at 10) and the one at 90-190
+    # (pushed to 22): looked at in height order it clears both (33); in placing order it would stop at 21
+    heights = frontier.spread_labels([(0, 0), (0, 0), (90, 1), (220, 10), (150, 10)], [100, 100, 100, 50, 100], gap=11)
+    assert heights == [0, 11, 22, 10, 33]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 300), st.floats(0, 100), st.floats(1, 120)), min_size=1, max_size=9))
+def test_no_two_names_that_overlap_sideways_end_up_closer_than_the_gap(labels):
+    anchors, widths = [(x, y) for x, y, _ in labels], [w for _, _, w in labels]
+    heights = frontier.spread_labels(anchors, widths, gap=11)
+    assert all(h >= y for h, (_, y) in zip(heights, anchors))  # names only move up
+    for i in range(len(labels)):
+        for j in range(i):
+            if -widths[j] < anchors[j][0] - anchors[i][0] < widths[i]:
+                assert abs(heights[i] - heights[j]) >= 11 - 1e-9

@@ -124,10 +124,12 @@ def test_one_policy_against_another_subtracts_each_sides_own_call_difference(tmp
         _answers(d, "fp8@default", dict.fromkeys(keys, 100.0))
     _answers(b, "defaults@default", {keys[0]: 100.0, keys[1]: 0.0, keys[2]: 0.0})
     _answers(c, "defaults@default", {keys[1]: 100.0, keys[2]: 0.0})
-    side = lambda d, arm: pooled_delta.paired(d, pooled_delta.niah.Run(arm, "default"), "fp8", None)  # noqa: E731
+    def side(d: Path, arm: str) -> dict:
+        return pooled_delta.paired(d, pooled_delta.niah.Run(arm, "default"), "fp8", None)
+
     r = pooled_delta.versus([side(a, "wide")], [side(b, "defaults"), side(c, "defaults")], resamples=500)
     # single_1: (+100 - 0) and (0 - -50) -> +75; multikey_1: 0 - -100 -> +100; macro +87.5
-    assert (r["examples"], r["tasks"]) == (3, 2)
+    assert (r["examples"], r["tasks"], r["sides"]) == (3, 2, (3, 3))
     assert r["pooled"] == pytest.approx(87.5)
     assert r["per_task"]["niah_single_1"][0] == pytest.approx(75.0)
     with pytest.raises(SystemExit, match="both policies"):
@@ -136,3 +138,6 @@ def test_one_policy_against_another_subtracts_each_sides_own_call_difference(tmp
                                       f"{b}:defaults@default", "--against", f"{c}:defaults@default"])
     pooled_delta.main()
     assert "pooled: +87.50" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--lost-keys", str(tmp_path / "lost")])
+    with pytest.raises(SystemExit, match="--lost-keys"):
+        pooled_delta.main()
