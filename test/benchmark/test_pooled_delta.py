@@ -124,6 +124,7 @@ def test_one_policy_against_another_subtracts_each_sides_own_call_difference(tmp
         _answers(d, "fp8@default", dict.fromkeys(keys, 100.0))
     _answers(b, "defaults@default", {keys[0]: 100.0, keys[1]: 0.0, keys[2]: 0.0})
     _answers(c, "defaults@default", {keys[1]: 100.0, keys[2]: 0.0})
+
     def side(d: Path, arm: str) -> dict:
         return pooled_delta.paired(d, pooled_delta.niah.Run(arm, "default"), "fp8", None)
 
