@@ -49,8 +49,9 @@ def report_runs(meta: dict) -> list[niah.Run]:
     return [niah.Run(arm, chunk) for chunk in meta["args"]["chunked_prefill_sizes"] for arm in meta["args"]["arms"]]
 
 
-def unpack(src: Path, dest: Path) -> list[Path]:
-    """``dest``'s report, figures and gzipped answers from the run at ``src``; returns the answers written.
+def unpack(src: Path, dest: Path) -> dict[Path, int]:
+    """``dest``'s report, figures and gzipped answers from the run at ``src``; returns each answers file
+    written and how many answers it holds.
     Only the report's runs: the pack also holds what NIAH_DIR seeded (other arms, committed .jsonl.gz)."""
     with tempfile.TemporaryDirectory() as tmp:
         phase = phase_folder(src, Path(tmp) / "pack")
@@ -68,13 +69,13 @@ def unpack(src: Path, dest: Path) -> list[Path]:
         for name in (*REPORT, *FIGURES):
             if (phase / name).exists():
                 shutil.copyfile(phase / name, dest / name)
-        written = []
+        written = {}
         for run, lines in found.items():
             if lines:  # (.jsonl where the call appended, else the .gz it was seeded with: answer_lines' rule)
                 out = dest / "answers" / (niah.answers_path(dest, run).name + ".gz")
                 data = "".join(line + "\n" for line in lines).encode()
                 out.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-                written.append(out)
+                written[out] = len(lines)
     return written
 
 
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     for d in (args.dest, part):
         if d.exists() and any(d.iterdir()):
             raise SystemExit(f"{d}: exists and is not empty; give a new folder (or remove it)")
-    for path in unpack(args.src, part):
-        print(f"{path.name}: {len(gzip.decompress(path.read_bytes()).splitlines())} answers")
+    for path, answers in unpack(args.src, part).items():
+        print(f"{path.name}: {answers} answers")
     try:
         differs = rebuild_differs(part, niah.main)
     except (Exception, SystemExit) as e:  # e.g. no RULER examples here: the run is kept, unchecked
