@@ -45,8 +45,10 @@ Arms (``--arms``):
   minima-aggressive  minima with one Recent page, one sink page, no Anchor budget.
   minima-default-aggressive  the defaults with one Recent page, one sink page, no Anchor budget (#17's aggressive
                      arm on today's 4-bit keys and deferred conversion).
-  minima-default-recentN  the defaults with N Recent pages (8, 16, 32); minima-default-sink4 with four sink
+  minima-default-recentN  the defaults with N Recent pages (4, 8, 16, 32); minima-default-sink4 with four sink
                      pages: #17's frontier on today's defaults (frontier.py puts the runs on one figure).
+                     N = 4 pins today's default: beside minima-default, a replicate that measures a
+                     session's own noise floor.
   minima-defer       minima plus ``--minima-defer-prefill-conversion``.
   minima-recentN     minima with N Recent pages (8, 16, 32: 512 to 2,048 tokens at page size 64).
   minima-sink4       minima with four sink pages.
@@ -176,10 +178,10 @@ ARMS: dict[str, ArmSpec] = {
         # one Recent page, one sink page, no Anchor budget
         ArmSpec("minima-default-aggressive", "sglang_minima.launch_server",
                 ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
-        # #17's frontier on the defaults: Recent windows of 512 to 2,048 tokens (the defaults: 256), four
+        # #17's frontier on the defaults: Recent windows of 256 to 2,048 tokens (the defaults: 256), four
         # sink pages (the defaults: two); the minima-recent<n> and minima-sink4 below pin 3-bit keys
         *(ArmSpec(f"minima-default-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
-          for n in (8, 16, 32)),
+          for n in (4, 8, 16, 32)),
         ArmSpec("minima-default-sink4", "sglang_minima.launch_server", ("--minima-sink-pages", "4")),
     )
 } | {

@@ -237,6 +237,9 @@ def test_every_minima_arm_is_a_valid_minima_config():
                          ("minima-default-sink4", {"sink_pages": 4})]:
         config = parse_minima_argv(split_minima_argv(list(niah.ARMS[name].flags))[0])
         assert config == dataclasses.replace(defaults, **change) != defaults
+    # the replicate pins four Recent pages, whatever the default becomes
+    recent4 = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-recent4"].flags))[0])
+    assert recent4 == dataclasses.replace(defaults, recent_pages=4)
 
 
 def test_a_run_that_answered_nothing_says_so_and_draws_nothing(tmp_path):
