@@ -178,7 +178,7 @@ ARMS: dict[str, ArmSpec] = {
         # one Recent page, one sink page, no Anchor budget
         ArmSpec("minima-default-aggressive", "sglang_minima.launch_server",
                 ("--minima-recent-pages", "1", "--minima-sink-pages", "1", "--minima-anchor-pages", "0")),
-        # #17's frontier on the defaults: Recent windows of 256 to 2,048 tokens (the defaults: 256), four
+        # #17's frontier on the defaults: Recent windows of 256 (the default, pinned) to 2,048 tokens, four
         # sink pages (the defaults: two); the minima-recent<n> and minima-sink4 below pin 3-bit keys
         *(ArmSpec(f"minima-default-recent{n}", "sglang_minima.launch_server", ("--minima-recent-pages", str(n)))
           for n in (4, 8, 16, 32)),

@@ -218,9 +218,11 @@ def test_every_minima_arm_is_a_valid_minima_config():
     # an arm whose flags the launcher refuses would only fail on the device, after its server start
     from sglang_minima.config import parse_minima_argv, split_minima_argv
 
+    def config_of(arm: str):
+        return parse_minima_argv(split_minima_argv(list(niah.ARMS[arm].flags))[0])
+
     for arm in niah.ARMS.values():
-        minima_argv, _ = split_minima_argv(list(arm.flags))
-        config = parse_minima_argv(minima_argv)
+        config = config_of(arm.name)
         if arm.name.startswith("minima-fp8share"):
             assert config.fp8_page_fraction == int(arm.name.removeprefix("minima-fp8share")[:2]) / 100
         name = arm.name.removesuffix("-eqbytes")
@@ -228,18 +230,15 @@ def test_every_minima_arm_is_a_valid_minima_config():
         assert config.strict_hot_admission == name.endswith("-strict")
         assert config.key_center == name.endswith("-center")
     # the defaults and page-centered keys, nothing else (minima-k4-center carries the pinned older policy)
-    centered = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-center"].flags))[0])
-    assert dataclasses.replace(parse_minima_argv([]), key_center=True) == centered
-    # the frontier's arms: the defaults with one window changed, nothing else
     defaults = parse_minima_argv([])
+    assert dataclasses.replace(defaults, key_center=True) == config_of("minima-default-center")
+    # the frontier's arms: the defaults with one window changed, nothing else
     for name, change in [("minima-default-recent8", {"recent_pages": 8}), ("minima-default-recent16", {"recent_pages": 16}),
                          ("minima-default-recent32", {"recent_pages": 32}),
                          ("minima-default-sink4", {"sink_pages": 4})]:
-        config = parse_minima_argv(split_minima_argv(list(niah.ARMS[name].flags))[0])
-        assert config == dataclasses.replace(defaults, **change) != defaults
+        assert config_of(name) == dataclasses.replace(defaults, **change) != defaults
     # the replicate pins four Recent pages, whatever the default becomes
-    recent4 = parse_minima_argv(split_minima_argv(list(niah.ARMS["minima-default-recent4"].flags))[0])
-    assert recent4 == dataclasses.replace(defaults, recent_pages=4)
+    assert config_of("minima-default-recent4") == dataclasses.replace(defaults, recent_pages=4)
 
 
 def test_a_run_that_answered_nothing_says_so_and_draws_nothing(tmp_path):
